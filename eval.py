@@ -1,0 +1,64 @@
+"""Evaluate a ResNet checkpoint: top-1 and top-5 accuracy over a whole dataset.
+
+    python eval.py --checkpoint_path output/resnet50-90_5004.ckpt --data_path /data/imagenet/val
+    python eval.py --config_path configs/resnet18_cifar10.yaml --checkpoint_path CKPT \
+        --data_path ../shared/data/cifar10/test
+
+Prints the result and writes it as JSON (``eval_result.json`` in --output_dir). Every image is
+evaluated once: no shuffling, the last partial batch is kept.
+"""
+from src.env import set_cpu_fast_path
+
+set_cpu_fast_path()  # before MindSpore loads oneDNN
+
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import mindspore.nn as nn  # noqa: E402
+from mindspore.train import Model  # noqa: E402
+
+from src.cli import run_entry_point  # noqa: E402
+from src.config import ConfigError, parse_config  # noqa: E402
+from src.dataset import count_images, create_dataset  # noqa: E402
+from src.device import setup_device  # noqa: E402
+from src.inference import load_network  # noqa: E402
+from src.loss import CrossEntropySmooth  # noqa: E402
+
+
+def main(argv=None):
+    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+    if not cfg.data_path:
+        raise ConfigError("data_path is empty: give --data_path, the evaluation data folder")
+    setup_device(cfg)
+
+    dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
+                             batch_size=cfg.batch_size, image_size=cfg.image_size,
+                             eval_resize=cfg.eval_resize,
+                             num_parallel_workers=cfg.num_parallel_workers)
+    net = load_network(cfg)
+    model = Model(net, loss_fn=CrossEntropySmooth(cfg.label_smoothing, cfg.class_num),
+                  metrics={"top1": nn.Top1CategoricalAccuracy(),
+                           "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num)),
+                           "loss": nn.Loss()})
+
+    start = time.time()
+    result = model.eval(dataset, dataset_sink_mode=False)
+    seconds = time.time() - start
+    images = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
+    report = {"checkpoint_path": cfg.checkpoint_path, "data_path": cfg.data_path,
+              "net_name": cfg.net_name, "images": images,
+              "top1": float(result["top1"]), "top5": float(result["top5"]),
+              "loss": float(result["loss"]), "time_s": round(seconds, 2)}
+    print(json.dumps(report, indent=1))
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    out = os.path.join(cfg.output_dir, "eval_result.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    print(f"top-1 {report['top1']:.4f}  top-5 {report['top5']:.4f} over {images} images; "
+          f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_entry_point(main)

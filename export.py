@@ -1,0 +1,43 @@
+"""Export a ResNet checkpoint to MindIR, ONNX or AIR for inference.
+
+    python export.py --checkpoint_path CKPT --file_format MINDIR --file_name resnet50 --batch_size 1
+
+The exported graph takes float32 (batch_size, 3, image_size, image_size) images preprocessed as
+in eval (resize, center crop, ImageNet normalization) and returns (batch_size, class_num)
+logits. MINDIR and ONNX export on any backend; AIR needs Ascend.
+"""
+from src.env import set_cpu_fast_path
+
+set_cpu_fast_path()  # before MindSpore loads oneDNN
+
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+
+from src.cli import run_entry_point  # noqa: E402
+from src.config import ConfigError, parse_config  # noqa: E402
+from src.device import setup_device  # noqa: E402
+from src.inference import load_network  # noqa: E402
+
+SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
+
+
+def main(argv=None):
+    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+    if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
+        raise ConfigError(f"file_format AIR needs device_target Ascend (got "
+                          f"{cfg.device_target}); use MINDIR or ONNX here")
+    if cfg.batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {cfg.batch_size}")
+    setup_device(cfg)
+
+    net = load_network(cfg)
+    dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, cfg.image_size, cfg.image_size], np.float32))
+    ms.export(net, dummy, file_name=cfg.file_name, file_format=cfg.file_format)
+    print(f"exported {cfg.checkpoint_path} -> {cfg.file_name}{SUFFIXES[cfg.file_format]} "
+          f"(input float32 {tuple(dummy.shape)}, output ({cfg.batch_size}, {cfg.class_num}))")
+    return 0
+
+
+if __name__ == "__main__":
+    run_entry_point(main)

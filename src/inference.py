@@ -1,0 +1,80 @@
+"""Inference helpers shared by eval.py, export.py and predict.py."""
+import os
+
+import mindspore as ms
+import mindspore.dataset.transforms as transforms
+import numpy as np
+
+from src.checkpoint import load_into_network
+from src.dataset import IMAGE_EXTENSIONS, create_transforms
+from src.resnet import create_network
+
+
+def load_network(cfg):
+    """Build ``cfg.net_name`` with ``cfg.class_num`` classes, load ``cfg.checkpoint_path``
+    strictly and switch to inference mode.
+
+    Raises:
+        FileNotFoundError: If the checkpoint does not exist.
+        CheckpointMismatchError: If the checkpoint is of another depth or class count.
+    """
+    if not cfg.checkpoint_path:
+        raise FileNotFoundError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
+    net = create_network(cfg.net_name, cfg.class_num)
+    load_into_network(net, cfg.checkpoint_path)
+    net.set_train(False)
+    return net
+
+
+def list_images(image_path):
+    """An image file, or the images of a folder (sorted, recursive), as a list of paths.
+
+    Raises:
+        FileNotFoundError: If the path does not exist or the folder holds no images.
+    """
+    if os.path.isfile(image_path):
+        return [image_path]
+    if not os.path.isdir(image_path):
+        raise FileNotFoundError(f"image_path {image_path!r} is neither a file nor a folder")
+    found = sorted(os.path.join(root, name) for root, _, names in os.walk(image_path)
+                   for name in names
+                   if os.path.splitext(name)[1] in IMAGE_EXTENSIONS and not name.startswith("."))
+    if not found:
+        raise FileNotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS[:4])}) in {image_path}")
+    return found
+
+
+def preprocess_images(paths, image_size=224, eval_resize=256):
+    """Read and preprocess images exactly as the eval pipeline does.
+
+    Returns:
+        numpy.ndarray: float32 (len(paths), 3, image_size, image_size), normalized.
+
+    Raises:
+        ValueError: If a file cannot be decoded as an image (names the file).
+    """
+    pipeline = transforms.Compose(create_transforms(False, image_size, eval_resize))
+    batch = []
+    for path in paths:
+        try:
+            batch.append(pipeline(np.fromfile(path, dtype=np.uint8)))
+        except RuntimeError as err:
+            raise ValueError(f"cannot decode image {path}: {str(err).splitlines()[0]}") from err
+    return np.stack(batch).astype(np.float32)
+
+
+def load_mindir(path):
+    """A MindIR file as a callable ``nn.GraphCell``.
+
+    Raises:
+        FileNotFoundError: If the file does not exist.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"MindIR file not found: {path}")
+    return ms.nn.GraphCell(ms.load(path))
+
+
+def softmax(logits):
+    """Row-wise softmax of a float array (N, K), numerically stable."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)

@@ -1,0 +1,123 @@
+"""Per-step learning-rate schedules: pure functions returning one float32 LR per step.
+
+``warmup_cosine_lr`` is NVIDIA DeepLearningExamples' ``lr_cosine_policy`` (ResNet-50 v1.5)
+evaluated per step instead of per epoch; ``warmup_linear_lr`` and ``warmup_step_lr`` are
+the two other schedules of MindSpore ModelZoo's ResNet.
+"""
+import math
+
+import numpy as np
+
+
+def scale_lr(base_lr, global_batch_size, base_batch_size=256):
+    """Linear scaling rule (Goyal et al. 2017): base_lr per base_batch_size images.
+
+    Args:
+        base_lr (float): LR at a global batch of ``base_batch_size``.
+        global_batch_size (int): Images per step over all devices.
+        base_batch_size (int): Reference global batch.
+
+    Returns:
+        float: ``base_lr * global_batch_size / base_batch_size``.
+    """
+    return base_lr * global_batch_size / base_batch_size
+
+
+def _warmup(peak_lr, warmup_steps):
+    # Step s (0-based) of warmup gets peak * (s + 1) / warmup_steps: never 0, peak at the end.
+    return [peak_lr * (s + 1) / warmup_steps for s in range(warmup_steps)]
+
+
+def _check(total_steps, warmup_steps):
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be positive, got {total_steps}")
+    if not 0 <= warmup_steps <= total_steps:
+        raise ValueError(f"warmup_steps must be in [0, total_steps={total_steps}], "
+                         f"got {warmup_steps}")
+
+
+def warmup_cosine_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
+    """Linear warmup to ``peak_lr``, then half-cosine decay towards ``end_lr``.
+
+    Step s < W: peak * (s + 1) / W. Step s >= W: end + (peak - end) * (1 + cos(pi * t / T)) / 2
+    with t = s - W and T = total - W, so the first decay step is the peak and the last
+    approaches ``end_lr`` (reached at t = T, one step past the end).
+
+    Args:
+        peak_lr (float): LR at the end of warmup (already scaled to the global batch).
+        total_steps (int): Number of training steps (epochs * steps per epoch).
+        warmup_steps (int): Number of warmup steps.
+        end_lr (float): Value the cosine decays to.
+
+    Returns:
+        numpy.ndarray: float32, shape (total_steps,).
+
+    Raises:
+        ValueError: If the step counts are inconsistent.
+    """
+    _check(total_steps, warmup_steps)
+    decay_steps = total_steps - warmup_steps
+    decay = [end_lr + 0.5 * (1.0 + math.cos(math.pi * t / decay_steps)) * (peak_lr - end_lr)
+             for t in range(decay_steps)]
+    return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
+
+
+def warmup_linear_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
+    """Linear warmup to ``peak_lr``, then linear decay towards ``end_lr`` (ModelZoo "linear").
+
+    Returns:
+        numpy.ndarray: float32, shape (total_steps,).
+    """
+    _check(total_steps, warmup_steps)
+    decay_steps = total_steps - warmup_steps
+    decay = [peak_lr + (end_lr - peak_lr) * t / decay_steps for t in range(decay_steps)]
+    return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
+
+
+def warmup_step_lr(peak_lr, total_steps, warmup_steps, steps_per_epoch, decay_epochs,
+                   decay_factor=0.1):
+    """Linear warmup, then ``peak_lr`` multiplied by ``decay_factor`` at each decay epoch.
+
+    Args:
+        steps_per_epoch (int): Steps in one epoch, to place ``decay_epochs``.
+        decay_epochs (list[int]): Epochs (0-based starts) at which the LR drops.
+        decay_factor (float): Multiplier applied at each drop.
+
+    Returns:
+        numpy.ndarray: float32, shape (total_steps,).
+    """
+    _check(total_steps, warmup_steps)
+    boundaries = [e * steps_per_epoch for e in decay_epochs]
+    decay = [peak_lr * decay_factor ** sum(s >= b for b in boundaries)
+             for s in range(warmup_steps, total_steps)]
+    return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
+
+
+def create_lr(cfg, steps_per_epoch, global_batch_size):
+    """The per-step LR array of a config (keys ``lr_schedule``, ``base_lr``, ...).
+
+    Args:
+        cfg (Config): Resolved config.
+        steps_per_epoch (int): Steps in one epoch on each device.
+        global_batch_size (int): ``batch_size * device_num``, images per step.
+
+    Returns:
+        tuple: (numpy float32 array of shape (epoch_size * steps_per_epoch,), peak LR).
+
+    Raises:
+        KeyError: If ``lr_schedule`` is unknown; lists the valid names.
+    """
+    if cfg.lr_schedule not in SCHEDULES:
+        raise KeyError(f"unknown lr_schedule {cfg.lr_schedule!r}; valid: {', '.join(SCHEDULES)}")
+    peak = scale_lr(cfg.base_lr, global_batch_size, cfg.base_lr_batch_size)
+    total = cfg.epoch_size * steps_per_epoch
+    warmup = min(cfg.warmup_epochs * steps_per_epoch, total)
+    if cfg.lr_schedule == "step":
+        lr = warmup_step_lr(peak, total, warmup, steps_per_epoch, cfg.lr_decay_epochs,
+                            cfg.lr_decay_factor)
+    else:
+        lr = SCHEDULES[cfg.lr_schedule](peak, total, warmup, cfg.lr_end)
+    return lr, peak
+
+
+SCHEDULES = {"cosine": warmup_cosine_lr, "linear": warmup_linear_lr, "step": warmup_step_lr}

@@ -1,0 +1,255 @@
+"""ResNet-18/34/50/101/152 in the torchvision layout (ResNet v1.5).
+
+Reference: He et al., "Deep Residual Learning for Image Recognition" (CVPR 2016) and
+torchvision ``models/resnet.py``. As in torchvision (and NVIDIA's "ResNet-50 v1.5"), the
+stride of a downsampling Bottleneck sits on its 3x3 convolution, not on the first 1x1.
+
+Parameter names follow torchvision so that weights map one to one: ``conv1``, ``bn1``,
+``layer1.0.conv1``, ``layer1.0.downsample.0``, ``fc``. MindSpore names the BatchNorm
+tensors ``gamma``/``beta``/``moving_mean``/``moving_variance`` where torch says
+``weight``/``bias``/``running_mean``/``running_var``.
+"""
+import math
+
+import mindspore.nn as nn
+import mindspore.ops as ops
+from mindspore.common.initializer import HeNormal, HeUniform, Uniform
+
+# torch.nn.BatchNorm2d(momentum=0.1) updates running = 0.9 * running + 0.1 * batch;
+# MindSpore's momentum is the weight of the old value, so the same update is momentum=0.9.
+BN_MOMENTUM = 0.9
+BN_EPS = 1e-5
+
+
+def conv3x3(in_channels, out_channels, stride=1):
+    """3x3 convolution, padding 1 on every side (as torch), no bias."""
+    return nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=stride, pad_mode="pad",
+                     padding=1, has_bias=False,
+                     weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
+
+
+def conv1x1(in_channels, out_channels, stride=1):
+    """1x1 convolution, no padding, no bias."""
+    return nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=stride, pad_mode="valid",
+                     has_bias=False, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
+
+
+def batch_norm(num_features, zero_init=False):
+    """BatchNorm2d equal to torch's defaults (eps 1e-5, momentum 0.1); gamma 1 (or 0), beta 0."""
+    return nn.BatchNorm2d(num_features, eps=BN_EPS, momentum=BN_MOMENTUM,
+                          gamma_init="zeros" if zero_init else "ones", beta_init="zeros")
+
+
+class BasicBlock(nn.Cell):
+    """Two 3x3 convolutions with an identity (or projected) shortcut; ResNet-18/34.
+
+    Args:
+        in_channels (int): Channels of the input feature map.
+        channels (int): Channels of both convolutions (``expansion`` is 1).
+        stride (int): Stride of the first 3x3 convolution (1 or 2).
+        downsample (nn.Cell, optional): Projection of the shortcut when shape changes.
+        zero_init_residual (bool): Start ``bn2.gamma`` at 0, so the block starts as identity.
+
+    Inputs:
+        - **x** (Tensor) - float32 or float16, shape (N, in_channels, H, W).
+
+    Outputs:
+        Tensor of shape (N, channels, H / stride, W / stride).
+    """
+
+    expansion = 1
+
+    def __init__(self, in_channels, channels, stride=1, downsample=None, zero_init_residual=False):
+        super().__init__()
+        self.conv1 = conv3x3(in_channels, channels, stride)
+        self.bn1 = batch_norm(channels)
+        self.relu = nn.ReLU()
+        self.conv2 = conv3x3(channels, channels)
+        self.bn2 = batch_norm(channels, zero_init=zero_init_residual)
+        self.downsample = downsample
+
+    def construct(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Cell):
+    """1x1 reduce, 3x3 (carrying the stride: v1.5), 1x1 expand by 4; ResNet-50/101/152.
+
+    Args:
+        in_channels (int): Channels of the input feature map.
+        channels (int): Width of the 3x3 convolution; the block outputs ``4 * channels``.
+        stride (int): Stride of the 3x3 convolution (1 or 2).
+        downsample (nn.Cell, optional): Projection of the shortcut when shape changes.
+        zero_init_residual (bool): Start ``bn3.gamma`` at 0, so the block starts as identity.
+
+    Inputs:
+        - **x** (Tensor) - float32 or float16, shape (N, in_channels, H, W).
+
+    Outputs:
+        Tensor of shape (N, 4 * channels, H / stride, W / stride).
+    """
+
+    expansion = 4
+
+    def __init__(self, in_channels, channels, stride=1, downsample=None, zero_init_residual=False):
+        super().__init__()
+        out_channels = channels * self.expansion
+        self.conv1 = conv1x1(in_channels, channels)
+        self.bn1 = batch_norm(channels)
+        self.conv2 = conv3x3(channels, channels, stride)
+        self.bn2 = batch_norm(channels)
+        self.conv3 = conv1x1(channels, out_channels)
+        self.bn3 = batch_norm(out_channels, zero_init=zero_init_residual)
+        self.relu = nn.ReLU()
+        self.downsample = downsample
+
+    def construct(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        return self.relu(out + identity)
+
+
+class MaxPoolPad1(nn.Cell):
+    """3x3 / stride-2 max pool with padding 1, written as zero padding + 'valid' pooling.
+
+    Equal to ``torch.nn.MaxPool2d(3, 2, padding=1)`` on non-negative input (it follows a
+    ReLU in ResNet). MindSpore lowers ``MaxPool2d(pad_mode='pad')`` to
+    ``MaxPool3DWithArgmax``, which the ONNX exporter rejects; this form exports.
+    """
+
+    def __init__(self):
+        super().__init__()
+        # ops.Pad (not nn.ZeroPad2d / PadV3, which the ONNX exporter also rejects).
+        self.pad = ops.Pad(((0, 0), (0, 0), (1, 1), (1, 1)))
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="valid")
+
+    def construct(self, x):
+        return self.pool(self.pad(x))
+
+
+class ResNet(nn.Cell):
+    """ResNet backbone and classifier, torchvision layout and initialization.
+
+    Initialization as torchvision: Kaiming-normal (fan_out, ReLU gain) convolutions,
+    BatchNorm gamma 1 and beta 0, ``fc`` uniform in +-1/sqrt(fan_in) (torch ``nn.Linear``).
+
+    Args:
+        block (type): ``BasicBlock`` or ``Bottleneck``.
+        layers (list[int]): Number of blocks in ``layer1`` .. ``layer4``.
+        class_num (int): Number of output classes. Default: 1000.
+        zero_init_residual (bool): Zero the last BN gamma of every block (Goyal et al. 2017).
+
+    Inputs:
+        - **x** (Tensor) - float32, shape (N, 3, H, W), normalized images. H and W of at
+          least 32 (the network downsamples by 32).
+
+    Outputs:
+        Tensor of shape (N, class_num): logits (no softmax).
+
+    Raises:
+        ValueError: If ``class_num`` is not positive or ``layers`` does not have 4 entries.
+    """
+
+    def __init__(self, block, layers, class_num=1000, zero_init_residual=False):
+        super().__init__()
+        if class_num < 1:
+            raise ValueError(f"class_num must be a positive integer, got {class_num}")
+        if len(layers) != 4:
+            raise ValueError(f"layers must give 4 block counts, got {layers}")
+        self.in_channels = 64
+        self.zero_init_residual = zero_init_residual
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, pad_mode="pad", padding=3,
+                               has_bias=False,
+                               weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
+        self.bn1 = batch_norm(64)
+        self.relu = nn.ReLU()
+        self.maxpool = MaxPoolPad1()
+        self.layer1 = self._make_layer(block, 64, layers[0])
+        self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
+        self.layer3 = self._make_layer(block, 256, layers[2], stride=2)
+        self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
+        fc_in = 512 * block.expansion
+        self.fc = nn.Dense(fc_in, class_num, weight_init=HeUniform(negative_slope=math.sqrt(5)),
+                           bias_init=Uniform(1.0 / math.sqrt(fc_in)))
+
+    def _make_layer(self, block, channels, blocks, stride=1):
+        downsample = None
+        if stride != 1 or self.in_channels != channels * block.expansion:
+            downsample = nn.SequentialCell([
+                conv1x1(self.in_channels, channels * block.expansion, stride),
+                batch_norm(channels * block.expansion),
+            ])
+        cells = [block(self.in_channels, channels, stride, downsample, self.zero_init_residual)]
+        self.in_channels = channels * block.expansion
+        for _ in range(1, blocks):
+            cells.append(block(self.in_channels, channels,
+                               zero_init_residual=self.zero_init_residual))
+        return nn.SequentialCell(cells)
+
+    def construct(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = ops.mean(x, (2, 3))
+        return self.fc(x)
+
+
+def resnet18(class_num=1000, zero_init_residual=False):
+    """ResNet-18: BasicBlock, [2, 2, 2, 2]; 11,689,512 parameters at 1000 classes."""
+    return ResNet(BasicBlock, [2, 2, 2, 2], class_num, zero_init_residual)
+
+
+def resnet34(class_num=1000, zero_init_residual=False):
+    """ResNet-34: BasicBlock, [3, 4, 6, 3]; 21,797,672 parameters at 1000 classes."""
+    return ResNet(BasicBlock, [3, 4, 6, 3], class_num, zero_init_residual)
+
+
+def resnet50(class_num=1000, zero_init_residual=False):
+    """ResNet-50 v1.5: Bottleneck, [3, 4, 6, 3]; 25,557,032 parameters at 1000 classes."""
+    return ResNet(Bottleneck, [3, 4, 6, 3], class_num, zero_init_residual)
+
+
+def resnet101(class_num=1000, zero_init_residual=False):
+    """ResNet-101 v1.5: Bottleneck, [3, 4, 23, 3]; 44,549,160 parameters at 1000 classes."""
+    return ResNet(Bottleneck, [3, 4, 23, 3], class_num, zero_init_residual)
+
+
+def resnet152(class_num=1000, zero_init_residual=False):
+    """ResNet-152 v1.5: Bottleneck, [3, 8, 36, 3]; 60,192,808 parameters at 1000 classes."""
+    return ResNet(Bottleneck, [3, 8, 36, 3], class_num, zero_init_residual)
+
+
+NETWORKS = {
+    "resnet18": resnet18,
+    "resnet34": resnet34,
+    "resnet50": resnet50,
+    "resnet101": resnet101,
+    "resnet152": resnet152,
+}
+
+
+def create_network(net_name, class_num=1000, zero_init_residual=False):
+    """Build a ResNet by name.
+
+    Args:
+        net_name (str): One of ``NETWORKS``: resnet18, resnet34, resnet50, resnet101, resnet152.
+        class_num (int): Number of output classes.
+        zero_init_residual (bool): Zero the last BN gamma of every residual block.
+
+    Returns:
+        ResNet: the network, in training mode.
+
+    Raises:
+        KeyError: If ``net_name`` is not a known network; the message lists the valid names.
+    """
+    if net_name not in NETWORKS:
+        raise KeyError(f"unknown net_name {net_name!r}; valid names: {', '.join(NETWORKS)}")
+    return NETWORKS[net_name](class_num=class_num, zero_init_residual=zero_init_residual)

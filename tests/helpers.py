@@ -1,0 +1,23 @@
+"""Helpers shared by the tests: paths, copying real images, running entry points."""
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+def copy_class_folders(src_root, dst_root, per_class, classes=None):
+    """Copy the first ``per_class`` images of each class folder (sorted) into ``dst_root``."""
+    for cls in classes or sorted(os.listdir(src_root)):
+        os.makedirs(os.path.join(dst_root, cls), exist_ok=True)
+        for name in sorted(os.listdir(os.path.join(src_root, cls)))[:per_class]:
+            shutil.copy(os.path.join(src_root, cls, name), os.path.join(dst_root, cls, name))
+    return dst_root
+
+def run_entry(script, *args, timeout=600):
+    """Run an entry point as a user would (fresh interpreter, repo root); return the result."""
+    cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                            check=False)
+    return result

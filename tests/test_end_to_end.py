@@ -1,0 +1,149 @@
+"""End to end on real CIFAR-10 JPEGs: train a few steps, eval, export MindIR and ONNX, reload
+them (same logits as the checkpoint), predict, fine-tune to another class count."""
+import glob
+import json
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from src.checkpoint import load_into_network
+from src.inference import list_images, preprocess_images
+from src.resnet import create_network
+from tests.helpers import copy_class_folders, run_entry
+
+COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--image_size", "32",
+          "--eval_resize", "32", "--num_parallel_workers", "2"]
+
+
+def check(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n" \
+                                   f"{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(cifar_small, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("train"))
+    result = check(run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
+                             "--eval_data_path", cifar_small["test"], "--run_eval", "true",
+                             "--batch_size", "16", "--epoch_size", "2", "--log_interval", "2",
+                             "--output_dir", out))
+    return {"out": out, "log": result.stdout, "ckpt": os.path.join(out, "resnet18-2_5.ckpt"),
+            **cifar_small}
+
+
+def test_train_writes_checkpoints_metrics_and_config(trained):
+    out = trained["out"]
+    assert os.path.isfile(trained["ckpt"])
+    assert os.path.isfile(os.path.join(out, "resnet18-best.ckpt"))
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        assert np.isfinite(r["loss"]) and r["img_per_s"] > 0 and 0 <= r["top1"] <= r["top5"] <= 1
+    saved = open(os.path.join(out, "config.yaml")).read()
+    assert "net_name: resnet18" in saved and "batch_size: 16" in saved
+    assert open(os.path.join(out, "class_names.txt")).read().split() == sorted(
+        os.listdir(trained["train"]))
+    # progress lines carry loss, LR, img/s and ETA; the effective LR is logged
+    assert "effective peak LR 0.0125" in trained["log"]
+    assert "epoch 1/2 step 2/5 (global 2) loss" in trained["log"] and "eta" in trained["log"]
+
+
+def test_eval_covers_every_image(trained):
+    out = os.path.join(trained["out"], "eval")
+    check(run_entry("eval.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--data_path",
+                    trained["test"], "--batch_size", "7", "--output_dir", out))
+    report = json.load(open(os.path.join(out, "eval_result.json")))
+    assert report["images"] == 30
+    assert 0 <= report["top1"] <= report["top5"] <= 1
+    # the final partial batch (30 = 4 * 7 + 2) counts: accuracy is a multiple of 1/30
+    assert abs(report["top1"] * 30 - round(report["top1"] * 30)) < 1e-6
+
+
+def test_eval_rejects_a_checkpoint_of_another_class_count(trained):
+    result = run_entry("eval.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--data_path",
+                       trained["test"], "--class_num", "100")
+    assert result.returncode != 0
+    assert "fc.weight: checkpoint (10, 512) vs network (100, 512)" in result.stderr
+
+
+def checkpoint_logits(ckpt, images):
+    net = create_network("resnet18", class_num=10)
+    load_into_network(net, ckpt)
+    net.set_train(False)
+    return net(ms.Tensor(images)).asnumpy()
+
+
+def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, tmp_path):
+    images = preprocess_images(list_images(trained["test"])[:4], 32, 32)
+    expected = checkpoint_logits(trained["ckpt"], images)
+    scale = np.abs(expected).max()
+    for fmt, suffix in (("MINDIR", ".mindir"), ("ONNX", ".onnx")):
+        name = str(tmp_path / f"r18_{fmt}")
+        check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+                        "--file_format", fmt, "--file_name", name, "--batch_size", "4"))
+        if fmt == "MINDIR":
+            got = ms.nn.GraphCell(ms.load(name + suffix))(ms.Tensor(images)).asnumpy()
+        else:
+            import onnxruntime as ort
+            session = ort.InferenceSession(name + suffix, providers=["CPUExecutionProvider"])
+            got = session.run(None, {session.get_inputs()[0].name: images})[0]
+        assert got.shape == (4, 10)
+        assert np.abs(got - expected).max() <= 1e-4 * scale, fmt
+
+
+def test_export_air_off_ascend_is_a_clear_error(trained):
+    result = run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+                       "--file_format", "AIR")
+    assert result.returncode != 0 and "AIR needs device_target Ascend" in result.stderr
+
+
+def predictions(stdout):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"image"')]
+
+
+def test_predict_from_checkpoint_and_mindir(trained, tmp_path):
+    folder = os.path.join(trained["test"], "cat")
+    from_ckpt = predictions(check(run_entry(
+        "predict.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--image_path", folder,
+        "--batch_size", "2")).stdout)
+    assert len(from_ckpt) == 3
+    names = set(os.listdir(trained["train"]))
+    for item in from_ckpt:
+        probs = [t["probability"] for t in item["top"]]
+        assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0001
+        assert {t["name"] for t in item["top"]} <= names
+    # the same top-1 from the checkpoint's own logits
+    logits = checkpoint_logits(trained["ckpt"], preprocess_images(list_images(folder), 32, 32))
+    assert [p["top"][0]["class"] for p in from_ckpt] == list(logits.argmax(axis=1))
+
+    mindir = str(tmp_path / "r18")
+    check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+                    "--file_name", mindir, "--batch_size", "1"))
+    from_mindir = predictions(check(run_entry(
+        "predict.py", *COMMON, "--checkpoint_path", mindir + ".mindir", "--image_path", folder,
+        "--batch_size", "1", "--class_names_path",
+        os.path.join(trained["out"], "class_names.txt"))).stdout)
+    assert [p["top"][0]["name"] for p in from_mindir] == [p["top"][0]["name"] for p in from_ckpt]
+
+
+def test_fine_tune_to_another_class_count(trained, shared_data, tmp_path):
+    five = copy_class_folders(os.path.join(shared_data, "cifar10", "train"),
+                              str(tmp_path / "five"), 4, classes=["bird", "cat", "deer", "dog",
+                                                                  "frog"])
+    result = check(run_entry("train.py", *COMMON, "--data_path", five, "--class_num", "5",
+                             "--pre_trained", trained["ckpt"], "--batch_size", "10",
+                             "--epoch_size", "1", "--output_dir", str(tmp_path / "ft")))
+    assert "classifier ['fc.weight', 'fc.bias'] dropped" in result.stdout
+    assert glob.glob(str(tmp_path / "ft" / "resnet18-1_2.ckpt"))
+
+
+def test_bad_config_stops_with_the_key_named(cifar_small, tmp_path):
+    result = run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
+                       "--batch_size", "-4", "--output_dir", str(tmp_path))
+    assert result.returncode != 0 and "batch_size must be a positive integer" in result.stderr
+    result = run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
+                       "--batch_size", "1000", "--output_dir", str(tmp_path))
+    assert result.returncode != 0 and "0 full batches of batch_size 1000" in result.stderr

@@ -1,0 +1,108 @@
+"""ResNet cells: shapes for every depth, parameter counts, names, stride placement, init."""
+import mindspore as ms
+import numpy as np
+import pytest
+
+from src.resnet import NETWORKS, Bottleneck, batch_norm, create_network
+
+# torchvision's parameter counts (trainable) at 1000 classes.
+TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
+                      "resnet101": 44_549_160, "resnet152": 60_192_808}
+
+
+def count(net):
+    return sum(p.size for p in net.trainable_params())
+
+
+@pytest.mark.parametrize("name", list(NETWORKS))
+def test_parameter_count_equals_torchvision(name):
+    assert count(create_network(name)) == TORCHVISION_PARAMS[name]
+
+
+@pytest.mark.parametrize("name", list(NETWORKS))
+def test_output_shape_every_depth(name):
+    net = create_network(name, class_num=7)
+    net.set_train(False)
+    out = net(ms.Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)), ms.float32))
+    assert out.shape == (2, 7) and out.dtype == ms.float32
+
+
+def test_resnet50_224_output_and_names():
+    net = create_network("resnet50")
+    names = [p.name for p in net.trainable_params()]
+    assert len(names) == 161
+    for expected in ("conv1.weight", "bn1.gamma", "layer1.0.conv1.weight",
+                     "layer1.0.downsample.0.weight", "layer1.0.downsample.1.beta",
+                     "layer4.2.bn3.gamma", "fc.weight", "fc.bias"):
+        assert expected in names
+    moving = [p.name for p in net.get_parameters() if not p.requires_grad]
+    assert "layer3.5.bn2.moving_variance" in moving and len(moving) == 2 * 53
+
+
+def test_stride_sits_on_the_3x3_conv_v1_5():
+    net = create_network("resnet50")
+    first = net.layer2[0]
+    assert isinstance(first, Bottleneck)
+    assert first.conv1.stride == (1, 1) and first.conv1.kernel_size == (1, 1)
+    assert first.conv2.stride == (2, 2) and first.conv2.kernel_size == (3, 3)
+    assert first.downsample[0].stride == (2, 2)
+    assert net.layer1[0].conv2.stride == (1, 1)  # layer1 keeps the resolution
+    assert net.conv1.stride == (2, 2) and net.conv1.padding == 3
+    assert first.conv2.pad_mode == "pad" and first.conv2.padding == 1
+
+
+def test_feature_map_sizes_match_torch():
+    net = create_network("resnet50")
+    net.set_train(False)
+    x = ms.Tensor(np.zeros((1, 3, 224, 224), np.float32))
+    x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+    assert x.shape == (1, 64, 56, 56)
+    sizes = []
+    for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
+        x = layer(x)
+        sizes.append(tuple(x.shape[1:]))
+    assert sizes == [(256, 56, 56), (512, 28, 28), (1024, 14, 14), (2048, 7, 7)]
+
+
+def test_bn_running_statistics_follow_torch():
+    # torch BatchNorm2d(momentum=0.1): running = 0.9 * running + 0.1 * batch statistic,
+    # with the unbiased batch variance; eps 1e-5.
+    bn = batch_norm(3)
+    bn.set_train(True)
+    x = (np.random.default_rng(0).standard_normal((4, 3, 5, 5)) * 2 + 1).astype(np.float32)
+    out = bn(ms.Tensor(x)).asnumpy()
+    np.testing.assert_allclose(bn.moving_mean.asnumpy(), 0.1 * x.mean((0, 2, 3)), rtol=1e-5)
+    np.testing.assert_allclose(bn.moving_variance.asnumpy(),
+                               0.9 + 0.1 * x.var((0, 2, 3), ddof=1), rtol=1e-5)
+    normalized = (x - x.mean((0, 2, 3), keepdims=True)) / np.sqrt(
+        x.var((0, 2, 3), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out, normalized, atol=1e-5)
+
+
+def test_init_as_torchvision():
+    net = create_network("resnet50", zero_init_residual=True)
+    bn = net.layer1[0].bn3
+    assert np.all(bn.gamma.asnumpy() == 0)  # zero-init of the block's last BN
+    assert np.all(net.layer1[0].bn2.gamma.asnumpy() == 1)
+    assert np.all(net.bn1.beta.asnumpy() == 0)
+    # Kaiming normal, fan_out, ReLU gain: std = sqrt(2 / (out * k * k))
+    w = net.layer3[0].conv2.weight.asnumpy()
+    assert w.std() == pytest.approx(np.sqrt(2.0 / (256 * 9)), rel=0.05)
+    fc = net.fc.weight.asnumpy()
+    assert np.abs(fc).max() <= 1 / np.sqrt(2048)
+
+
+def test_maxpool_equals_torch_padding_semantics():
+    # zero padding + valid pooling == -inf padding on non-negative input (after ReLU)
+    rng = np.random.default_rng(0)
+    x = np.maximum(rng.standard_normal((1, 2, 9, 9)), 0).astype(np.float32)
+    ours = create_network("resnet18").maxpool(ms.Tensor(x)).asnumpy()
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    ref = np.array([[[[padded[n, c, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max()
+                       for j in range(5)] for i in range(5)] for c in range(2)] for n in range(1)])
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(KeyError, match="resnet18, resnet34, resnet50, resnet101, resnet152"):
+        create_network("resnet51")

@@ -1,0 +1,132 @@
+"""Train a ResNet image classifier with MindSpore.
+
+    python train.py --data_path /data/imagenet/train                  # ResNet-50, config.yaml
+    python train.py --config_path configs/resnet18_cifar10.yaml --data_path DIR --epoch_size 5
+
+Reads top to bottom: config -> device -> dataset -> network -> LR -> optimizer -> loss ->
+Model -> callbacks -> model.train. Outputs in --output_dir: checkpoints, metrics.jsonl (one
+JSON line per epoch), config.yaml (the resolved config), class_names.txt, train.log.
+"""
+from src.env import set_cpu_fast_path
+
+set_cpu_fast_path()  # before MindSpore loads oneDNN
+
+import os  # noqa: E402
+
+import mindspore.nn as nn  # noqa: E402
+from mindspore.train import (CheckpointConfig, FixedLossScaleManager, Model,  # noqa: E402
+                             ModelCheckpoint)
+
+from src.callbacks import BestCheckpointEvaluator, TrainMonitor  # noqa: E402
+from src.checkpoint import load_into_network  # noqa: E402
+from src.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names  # noqa: E402
+from src.cli import run_entry_point  # noqa: E402
+from src.config import ConfigError, parse_config  # noqa: E402
+from src.dataset import class_names_of, create_dataset  # noqa: E402
+from src.device import init_distributed, resolve_amp_level, setup_device  # noqa: E402
+from src.logger import get_logger  # noqa: E402
+from src.loss import CrossEntropySmooth  # noqa: E402
+from src.lr_schedule import create_lr  # noqa: E402
+from src.optimizer import create_optimizer  # noqa: E402
+from src.resnet import create_network  # noqa: E402
+
+
+def check_train_config(cfg):
+    """Reject values that cannot train, naming the key."""
+    if not cfg.data_path:
+        raise ConfigError("data_path is empty: give --data_path, the training data folder")
+    for key in ("batch_size", "epoch_size", "class_num", "image_size", "log_interval",
+                "save_checkpoint_epochs"):
+        if cfg[key] < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
+    if cfg.base_lr <= 0:
+        raise ConfigError(f"base_lr must be positive, got {cfg.base_lr}")
+    if cfg.run_eval and not cfg.eval_data_path:
+        raise ConfigError("run_eval is true but eval_data_path is empty")
+
+
+def main(argv=None):
+    # ---- config and device ----
+    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+    check_train_config(cfg)
+    setup_device(cfg)
+    rank, device_num = init_distributed(cfg)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    is_main = rank == 0
+    log = get_logger("train", os.path.join(cfg.output_dir, "train.log") if is_main else None,
+                     rank)
+    log.info("resolved config:\n%s", cfg.to_yaml())
+    if is_main:
+        with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
+            f.write(cfg.to_yaml())
+
+    # ---- data ----
+    data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size, image_size=cfg.image_size,
+                     eval_resize=cfg.eval_resize, crop_scale=cfg.train_crop_scale,
+                     num_parallel_workers=cfg.num_parallel_workers)
+    shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
+    train_set = create_dataset(cfg.data_path, is_training=True, **data_args, **shards)
+    steps_per_epoch = train_set.get_dataset_size()
+    if steps_per_epoch == 0:
+        raise ConfigError(f"data_path {cfg.data_path} gives 0 full batches of batch_size "
+                          f"{cfg.batch_size} per device: lower batch_size")
+    class_names = (class_names_of(cfg.data_path) if cfg.dataset == "imagefolder"
+                   else CIFAR10_CLASSES)
+    if len(class_names) != cfg.class_num:
+        raise ConfigError(f"data_path {cfg.data_path} has {len(class_names)} classes but "
+                          f"class_num is {cfg.class_num}")
+    if is_main:
+        write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
+
+    # ---- network ----
+    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
+    if cfg.pre_trained:
+        dropped = load_into_network(net, cfg.pre_trained, drop_mismatched_classifier=True)
+        log.info("initialized from %s%s", cfg.pre_trained,
+                 f"; classifier {dropped} dropped (class count differs), fc trained from "
+                 f"scratch" if dropped else "")
+
+    # ---- LR, optimizer, loss ----
+    global_batch = cfg.batch_size * device_num
+    lr, peak_lr = create_lr(cfg, steps_per_epoch, global_batch)
+    log.info("global batch %d (%d per device x %d devices): effective peak LR %.6g "
+             "(base_lr %g per %d images); %d steps per epoch, %d in all",
+             global_batch, cfg.batch_size, device_num, peak_lr, cfg.base_lr,
+             cfg.base_lr_batch_size, steps_per_epoch, len(lr))
+    amp_level = resolve_amp_level(cfg)
+    loss_scale = cfg.loss_scale if amp_level != "O0" else 1.0
+    optimizer = create_optimizer(net, lr, cfg.momentum, cfg.weight_decay, loss_scale)
+    loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
+
+    # ---- model ----
+    scale_manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False)
+    model = Model(net, loss_fn=loss_fn, optimizer=optimizer, amp_level=amp_level,
+                  loss_scale_manager=scale_manager,
+                  metrics={"top1": nn.Top1CategoricalAccuracy(),
+                           "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num))})
+    log.info("amp_level %s, loss scale %g, device %s", amp_level, loss_scale, cfg.device_target)
+
+    # ---- callbacks ----
+    evaluator = None
+    if cfg.run_eval:
+        eval_set = create_dataset(cfg.eval_data_path, is_training=False, **data_args)
+        evaluator = BestCheckpointEvaluator(model, eval_set, os.path.join(
+            cfg.output_dir, f"{cfg.net_name}-best.ckpt"))
+    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None
+    callbacks = [TrainMonitor(lr, global_batch, cfg.log_interval, metrics_path, log,
+                              evaluator, cfg.eval_interval)]
+    if is_main:
+        ckpt_config = CheckpointConfig(
+            save_checkpoint_steps=cfg.save_checkpoint_epochs * steps_per_epoch,
+            keep_checkpoint_max=cfg.keep_checkpoint_max)
+        callbacks.append(ModelCheckpoint(prefix=cfg.net_name, directory=cfg.output_dir,
+                                         config=ckpt_config))
+
+    # ---- train ----
+    model.train(cfg.epoch_size, train_set, callbacks=callbacks, dataset_sink_mode=False)
+    log.info("done; outputs in %s", cfg.output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    run_entry_point(main)
