@@ -38,12 +38,18 @@ def init_distributed(cfg):
 
     Returns:
         tuple(int, int): (rank id, number of devices); (0, 1) when not distributed.
+
+    Raises:
+        ValueError: If ``cfg.device_num`` is neither 1 nor the launched process count.
     """
     if not cfg.run_distribute:
         return 0, 1
     from mindspore.communication import get_group_size, get_rank, init
     init()
     rank, group_size = get_rank(), get_group_size()
+    if cfg.device_num not in (1, group_size):
+        raise ValueError(f"device_num is {cfg.device_num} but the launcher started {group_size} "
+                         f"processes: pass --device_num {group_size} (or leave it at 1)")
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
                                  gradients_mean=True, device_num=group_size,
                                  all_reduce_fusion_config=cfg.all_reduce_fusion_config)

@@ -2,7 +2,6 @@
 import os
 
 import mindspore as ms
-import mindspore.dataset.transforms as transforms
 import numpy as np
 
 from src.checkpoint import load_into_network
@@ -53,13 +52,16 @@ def preprocess_images(paths, image_size=224, eval_resize=256):
     Raises:
         ValueError: If a file cannot be decoded as an image (names the file).
     """
-    pipeline = transforms.Compose(create_transforms(False, image_size, eval_resize))
+    ops = create_transforms(False, image_size, eval_resize)
     batch = []
     for path in paths:
+        image = np.fromfile(path, dtype=np.uint8)
         try:
-            batch.append(pipeline(np.fromfile(path, dtype=np.uint8)))
-        except RuntimeError as err:
+            for op in ops:  # one by one: eager Compose wraps PIL-path results in a tuple
+                image = op(image)
+        except (RuntimeError, ValueError, OSError) as err:
             raise ValueError(f"cannot decode image {path}: {str(err).splitlines()[0]}") from err
+        batch.append(image)
     return np.stack(batch).astype(np.float32)
 
 

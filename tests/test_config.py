@@ -96,3 +96,11 @@ def test_recipes_in_configs_folder_load():
     assert recipes
     for recipe in recipes:
         parse_config(["--config_path", recipe])
+
+
+def test_readme_documents_every_key():
+    import os
+    from src.config import ROOT
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    defaults, _, _ = load_schema()
+    assert [k for k in defaults if f"| `{k}` |" not in readme] == []

@@ -1,0 +1,139 @@
+"""tools/convert_torch_checkpoint.py: torchvision .pth <-> MindSpore .ckpt, by name, bit-exact."""
+import os
+import subprocess
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+
+from src.checkpoint import load_into_network
+from src.resnet import NETWORKS, create_network
+from tests.helpers import ROOT
+from tests.torch_resnet import torch_resnet
+from tools.convert_torch_checkpoint import (ConversionError, ms_to_torch_names,
+                                            torch_state_to_ms_arrays, torch_to_ms_names)
+
+TOOL = os.path.join(ROOT, "tools", "convert_torch_checkpoint.py")
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, TOOL, *map(str, args)], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("name", list(NETWORKS))
+def test_every_depth_maps_onto_our_network(name):
+    state = torch_resnet(name, 7).state_dict()
+    arrays = torch_state_to_ms_arrays(state)
+    ours = {p.name: tuple(p.shape) for p in create_network(name, 7).get_parameters()}
+    assert {n: a.shape for n, a in arrays.items()} == ours
+    bn_count = sum(k.endswith("num_batches_tracked") for k in state)
+    assert len(arrays) == len(state) - bn_count
+
+
+def test_batchnorm_names_map_by_name_not_position():
+    names = torch_to_ms_names(["layer1.0.bn1.weight", "layer1.0.bn1.bias",
+                               "layer1.0.bn1.running_mean", "layer1.0.bn1.running_var",
+                               "layer1.0.bn1.num_batches_tracked", "layer1.0.conv1.weight",
+                               "fc.weight", "fc.bias"])
+    assert names == {"layer1.0.bn1.weight": "layer1.0.bn1.gamma",
+                     "layer1.0.bn1.bias": "layer1.0.bn1.beta",
+                     "layer1.0.bn1.running_mean": "layer1.0.bn1.moving_mean",
+                     "layer1.0.bn1.running_var": "layer1.0.bn1.moving_variance",
+                     "layer1.0.conv1.weight": "layer1.0.conv1.weight",
+                     "fc.weight": "fc.weight", "fc.bias": "fc.bias"}
+    assert ms_to_torch_names(["layer1.0.downsample.1.moving_variance", "fc.bias"]) == {
+        "layer1.0.downsample.1.moving_variance": "layer1.0.downsample.1.running_var",
+        "fc.bias": "fc.bias"}
+
+
+@pytest.fixture(scope="module")
+def r18_pth(tmp_path_factory):
+    torch.manual_seed(0)
+    net = torch_resnet("resnet18", 10)
+    with torch.no_grad():  # non-trivial BN statistics and counters
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+                m.num_batches_tracked.fill_(1234)
+    path = tmp_path_factory.mktemp("pth") / "r18.pth"
+    torch.save(net.state_dict(), path)
+    return path, net.state_dict()
+
+
+def test_round_trip_is_bit_exact(r18_pth, tmp_path):
+    pth, state = r18_pth
+    ckpt, back = tmp_path / "r18.ckpt", tmp_path / "back.pth"
+    first = run_tool(pth, ckpt)
+    assert first.returncode == 0, first.stderr
+    assert "resnet18, 10 classes, 102 tensors" in first.stdout
+    second = run_tool(ckpt, back)
+    assert second.returncode == 0, second.stderr
+    restored = torch.load(back, weights_only=True)
+    assert set(restored) == set(state)
+    for key, value in state.items():
+        if key.endswith("num_batches_tracked"):
+            assert int(restored[key]) == 0  # no MindSpore counterpart: written back as 0
+            continue
+        assert restored[key].dtype == value.dtype
+        assert torch.equal(restored[key], value), key
+    # and the .pth loads strictly into the torch network
+    torch_resnet("resnet18", 10).load_state_dict(restored, strict=True)
+
+
+def test_converted_checkpoint_loads_into_our_network(r18_pth, tmp_path):
+    pth, state = r18_pth
+    ckpt = tmp_path / "r18.ckpt"
+    assert run_tool(pth, ckpt).returncode == 0
+    net = create_network("resnet18", 10)
+    assert load_into_network(net, str(ckpt)) == []
+    np.testing.assert_array_equal(net.layer2[0].bn1.moving_variance.asnumpy(),
+                                  state["layer2.0.bn1.running_var"].numpy())
+
+
+def test_wrapped_and_dataparallel_files(r18_pth, tmp_path):
+    _, state = r18_pth
+    wrapped = tmp_path / "wrapped.pth"
+    torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in state.items()}}, wrapped)
+    result = run_tool(wrapped, tmp_path / "w.ckpt")
+    assert result.returncode == 0, result.stderr
+    params = ms.load_checkpoint(str(tmp_path / "w.ckpt"))
+    np.testing.assert_array_equal(params["conv1.weight"].asnumpy(),
+                                  state["conv1.weight"].numpy())
+
+
+def test_training_checkpoint_with_optimizer_state_converts_back(tmp_path):
+    net = create_network("resnet18", 10)
+    path = str(tmp_path / "train.ckpt")
+    extra = [{"name": "moments.fc.weight", "data": ms.Tensor(np.ones((10, 512), np.float32))},
+             {"name": "learning_rate", "data": ms.Tensor(np.float32(0.1))}]
+    ms.save_checkpoint([{"name": p.name, "data": p} for p in net.get_parameters()] + extra, path)
+    result = run_tool(path, tmp_path / "out.pth")
+    assert result.returncode == 0, result.stderr
+    assert "moments.fc.weight" not in torch.load(tmp_path / "out.pth", weights_only=True)
+
+
+def test_unmatched_and_misshaped_names_are_listed(r18_pth, tmp_path):
+    _, state = r18_pth
+    bad = dict(state)
+    bad["layer1.0.extra.weight"] = torch.zeros(3)
+    bad["layer1.0.conv1.weight"] = torch.zeros(64, 64, 1, 1)
+    del bad["layer4.1.bn2.running_var"]
+    path = tmp_path / "bad.pth"
+    torch.save(bad, path)
+    result = run_tool(path, tmp_path / "bad.ckpt")
+    assert result.returncode == 2
+    for name in ("layer1.0.extra.weight", "layer1.0.conv1.weight", "layer4.1.bn2.moving_variance"):
+        assert name in result.stderr
+    assert not (tmp_path / "bad.ckpt").exists()
+
+
+def test_bad_suffix_and_missing_input(tmp_path):
+    assert "got" in run_tool(tmp_path / "a.pth", tmp_path / "b.onnx").stderr
+    with pytest.raises(ConversionError, match="not a ResNet"):
+        torch_state_to_ms_arrays({"conv.weight": torch.zeros(1)})
+    result = run_tool(tmp_path / "missing.pth", tmp_path / "x.ckpt")
+    assert result.returncode == 2 and "input not found" in result.stderr

@@ -1,0 +1,221 @@
+"""Convert ResNet weights between torchvision (.pth state_dict) and MindSpore (.ckpt).
+
+    python tools/convert_torch_checkpoint.py resnet50-torchvision.pth resnet50.ckpt
+    python tools/convert_torch_checkpoint.py output/resnet50-90_5004.ckpt resnet50.pth
+
+The direction follows the file suffixes (.pth/.pt -> .ckpt, or .ckpt -> .pth). A torch file may be
+a bare state_dict, ``{"state_dict": ...}`` (or ``{"model": ...}``), with or without DataParallel's
+``module.`` prefix. The network (depth, class count) is read from the weights and checked against
+ours (``src/resnet.py``): every name and shape must match, else the error lists the differences.
+
+Names map one to one (never by position: MindSpore orders BatchNorm tensors differently):
+BatchNorm ``weight/bias/running_mean/running_var`` <-> ``gamma/beta/moving_mean/moving_variance``;
+convolution and ``fc`` names are the same. torch's ``num_batches_tracked`` has no MindSpore
+counterpart: dropped on the way in, written back as 0 on the way out. Values are copied
+bit-exactly (float32). torch is needed by this tool only, never by ``src/`` or the entry points.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from src.checkpoint import compare  # noqa: E402
+from src.resnet import create_network  # noqa: E402
+
+BN_TORCH_TO_MS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
+                  "running_var": "moving_variance"}
+BN_MS_TO_TORCH = {v: k for k, v in BN_TORCH_TO_MS.items()}
+DROPPED_TORCH_KEYS = ("num_batches_tracked",)
+# torchvision block counts per depth -> our network name
+DEPTHS = {("BasicBlock", (2, 2, 2, 2)): "resnet18", ("BasicBlock", (3, 4, 6, 3)): "resnet34",
+          ("Bottleneck", (3, 4, 6, 3)): "resnet50", ("Bottleneck", (3, 4, 23, 3)): "resnet101",
+          ("Bottleneck", (3, 8, 36, 3)): "resnet152"}
+
+
+class ConversionError(ValueError):
+    """The weights do not describe a torchvision ResNet that our network can hold."""
+
+
+def unwrap_state_dict(obj):
+    """The state_dict inside a loaded torch file: bare, ``{"state_dict": ...}`` or
+    ``{"model": ...}``; DataParallel's ``module.`` prefix removed."""
+    for key in ("state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if not isinstance(obj, dict):
+        raise ConversionError(f"expected a state_dict (a dict of tensors), got {type(obj).__name__}")
+    return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in obj.items()}
+
+
+def batchnorm_prefixes(names, marker):
+    """Module prefixes that are BatchNorms: those owning a ``marker`` tensor."""
+    suffix = "." + marker
+    return {n[:-len(suffix)] for n in names if n.endswith(suffix)}
+
+
+def torch_to_ms_names(torch_names):
+    """Map torchvision state_dict keys to our parameter names.
+
+    Returns:
+        dict: torch key -> MindSpore name, for every key except ``num_batches_tracked``.
+    """
+    bns = batchnorm_prefixes(torch_names, "running_mean")
+    mapping = {}
+    for name in torch_names:
+        prefix, _, leaf = name.rpartition(".")
+        if leaf in DROPPED_TORCH_KEYS:
+            continue
+        mapping[name] = f"{prefix}.{BN_TORCH_TO_MS[leaf]}" if prefix in bns else name
+    return mapping
+
+
+def ms_to_torch_names(ms_names):
+    """Map our parameter names to torchvision state_dict keys (inverse of ``torch_to_ms_names``).
+
+    Returns:
+        dict: MindSpore name -> torch key.
+    """
+    mapping = {}
+    for name in ms_names:
+        prefix, _, leaf = name.rpartition(".")
+        mapping[name] = f"{prefix}.{BN_MS_TO_TORCH[leaf]}" if leaf in BN_MS_TO_TORCH else name
+    return mapping
+
+
+def infer_network(ms_arrays):
+    """(net_name, class_num) from the weights' block counts and classifier shape.
+
+    Raises:
+        ConversionError: If the layout is not one of resnet18/34/50/101/152.
+    """
+    if "fc.weight" not in ms_arrays:
+        raise ConversionError("no fc.weight: not a ResNet classifier state_dict")
+    blocks = []
+    for layer in range(1, 5):
+        indices = {n.split(".")[1] for n in ms_arrays if n.startswith(f"layer{layer}.")}
+        blocks.append(len(indices))
+    kind = "Bottleneck" if any(".conv3." in n for n in ms_arrays) else "BasicBlock"
+    key = (kind, tuple(blocks))
+    if key not in DEPTHS:
+        raise ConversionError(f"unknown ResNet layout: {kind} blocks {blocks}; known: "
+                              f"{[(k, v) for k, v in DEPTHS.items()]}")
+    return DEPTHS[key], int(ms_arrays["fc.weight"].shape[0])
+
+
+def check_against_network(ms_arrays, source):
+    """Build the matching network of ours and compare every name and shape.
+
+    Returns:
+        tuple(str, int): (net_name, class_num).
+
+    Raises:
+        ConversionError: Listing the names that are missing, extra or mis-shaped.
+    """
+    net_name, class_num = infer_network(ms_arrays)
+    missing, unexpected, mismatched = compare(create_network(net_name, class_num), ms_arrays)
+    if missing or unexpected or mismatched:
+        raise ConversionError(f"{source}: weights do not fit {net_name} with {class_num} classes:"
+                              f" missing {missing}; unmatched {unexpected}; "
+                              f"shape mismatch {mismatched}")
+    return net_name, class_num
+
+
+def torch_state_to_ms_arrays(state_dict, source="state_dict"):
+    """torch state_dict (tensors) -> {MindSpore name: float32 numpy array}, checked.
+
+    Raises:
+        ConversionError: If the weights do not fit one of our networks (names listed).
+    """
+    state_dict = unwrap_state_dict(state_dict)
+    mapping = torch_to_ms_names(list(state_dict))
+    arrays = {ms_name: state_dict[t_name].detach().cpu().numpy()
+              for t_name, ms_name in mapping.items()}
+    check_against_network(arrays, source)
+    return arrays
+
+
+def ms_arrays_to_torch_state(ms_arrays, source="checkpoint"):
+    """{MindSpore name: numpy array} -> torchvision state_dict of torch tensors.
+
+    Optimizer state in training checkpoints (``moments.*``, ``learning_rate``, ...) is left out.
+    ``num_batches_tracked`` is written as 0 for every BatchNorm.
+    """
+    import torch
+
+    net_name, class_num = check_against_network(ms_arrays, source)
+    ours = {p.name for p in create_network(net_name, class_num).get_parameters()}
+    state = {}
+    for ms_name, t_name in ms_to_torch_names(sorted(ours)).items():
+        state[t_name] = torch.from_numpy(np.array(ms_arrays[ms_name], copy=True))
+    for prefix in sorted(batchnorm_prefixes(list(state), "running_mean")):
+        state[f"{prefix}.num_batches_tracked"] = torch.tensor(0, dtype=torch.long)
+    return state
+
+
+def save_ms_checkpoint(arrays, path):
+    """Write ``{name: array}`` as a MindSpore checkpoint (via a temporary file + rename)."""
+    import mindspore as ms
+
+    tmp = os.path.splitext(path)[0] + ".partial.ckpt"
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in arrays.items()], tmp)
+    os.replace(tmp, path)
+
+
+def load_ms_arrays(path):
+    """Read a MindSpore checkpoint as ``{name: numpy array}``."""
+    import mindspore as ms
+
+    return {name: param.asnumpy() for name, param in ms.load_checkpoint(path).items()}
+
+
+def convert(src, dst):
+    """Convert ``src`` to ``dst``; the direction follows the suffixes. Returns a summary line.
+
+    Raises:
+        FileNotFoundError: If ``src`` does not exist.
+        ConversionError: If the suffixes are not .pth/.pt <-> .ckpt or the weights do not fit.
+    """
+    import torch
+
+    src_ext, dst_ext = os.path.splitext(src)[1], os.path.splitext(dst)[1]
+    to_ms = src_ext in (".pth", ".pt") and dst_ext == ".ckpt"
+    if not to_ms and not (src_ext == ".ckpt" and dst_ext in (".pth", ".pt")):
+        raise ConversionError(f"convert .pth/.pt -> .ckpt or .ckpt -> .pth/.pt; got {src} -> {dst}")
+    if not os.path.isfile(src):
+        raise FileNotFoundError(f"input not found: {src}")
+    if to_ms:
+        arrays = torch_state_to_ms_arrays(torch.load(src, map_location="cpu", weights_only=True),
+                                          src)
+        save_ms_checkpoint(arrays, dst)
+        count = len(arrays)
+    else:
+        arrays = load_ms_arrays(src)
+        state = ms_arrays_to_torch_state(arrays, src)
+        tmp = dst + ".partial"
+        torch.save(state, tmp)
+        os.replace(tmp, dst)
+        count = len(state)
+    net_name, class_num = infer_network(arrays)
+    return f"{src} -> {dst}: {net_name}, {class_num} classes, {count} tensors"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("src", help="input: torch .pth/.pt state_dict or MindSpore .ckpt")
+    parser.add_argument("dst", help="output: .ckpt (from .pth) or .pth (from .ckpt)")
+    args = parser.parse_args(argv)
+    try:
+        print(convert(args.src, args.dst))
+    except (ConversionError, FileNotFoundError) as err:
+        print(f"convert_torch_checkpoint.py: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
