@@ -23,7 +23,8 @@ from src.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
 from src.cli import run_entry_point  # noqa: E402
 from src.config import ConfigError, parse_config  # noqa: E402
 from src.dataset import class_names_of, create_dataset  # noqa: E402
-from src.device import init_distributed, resolve_amp_level, setup_device  # noqa: E402
+from src.device import (check_fusion_config, init_distributed, resolve_amp_level,  # noqa: E402
+                        setup_device)
 from src.logger import get_logger  # noqa: E402
 from src.loss import CrossEntropySmooth  # noqa: E402
 from src.lr_schedule import create_lr  # noqa: E402
@@ -80,6 +81,9 @@ def main(argv=None):
 
     # ---- network ----
     net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
+    if device_num > 1:
+        check_fusion_config(cfg.all_reduce_fusion_config, len(net.trainable_params()),
+                            cfg.net_name)
     if cfg.pre_trained:
         dropped = load_into_network(net, cfg.pre_trained, drop_mismatched_classifier=True)
         log.info("initialized from %s%s", cfg.pre_trained,

@@ -78,7 +78,8 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
         image_size (int): Output crop size, pixels.
         eval_resize (int): Eval resize of the shorter side, pixels.
         crop_scale (tuple(float, float)): Train random crop area range (fraction).
-        num_parallel_workers (int): Worker threads for reading and mapping.
+        num_parallel_workers (int): Worker threads for reading and mapping; capped at the
+            number of CPUs (MindSpore rejects more).
         num_shards (int, optional): Number of data-parallel shards (devices).
         shard_id (int, optional): This device's shard, in [0, num_shards).
         drop_remainder (bool, optional): Drop the last partial batch; default: is_training.
@@ -99,6 +100,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
     if not os.path.isdir(data_path):
         raise FileNotFoundError(f"data_path {data_path!r} is not a folder")
     shuffle = is_training if shuffle is None else shuffle
+    num_parallel_workers = max(1, min(num_parallel_workers, os.cpu_count() or 1))
     drop_remainder = is_training if drop_remainder is None else drop_remainder
     source, decoded = DATASET_READERS[dataset](
         data_path, is_training, shuffle=shuffle, num_parallel_workers=num_parallel_workers,

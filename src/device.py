@@ -54,3 +54,32 @@ def init_distributed(cfg):
                                  gradients_mean=True, device_num=group_size,
                                  all_reduce_fusion_config=cfg.all_reduce_fusion_config)
     return rank, group_size
+
+
+def check_fusion_config(indices, num_tensors, net_name):
+    """Validate ``all_reduce_fusion_config`` against the network's trainable tensors.
+
+    The indices split the gradient all-reduce into fused groups [0, i1), [i1, i2), ...,
+    [ik, num_tensors): each must lie in [1, num_tensors - 1], strictly increasing.
+
+    Args:
+        indices (list[int]): The configured split points.
+        num_tensors (int): ``len(net.trainable_params())`` (ResNet-50: 161).
+        net_name (str): For the message.
+
+    Raises:
+        ValueError: Naming the valid range and a proportional suggestion.
+    """
+    suggestion = fusion_config_for(num_tensors)
+    valid = all(1 <= i <= num_tensors - 1 for i in indices) and all(
+        a < b for a, b in zip(indices, indices[1:]))
+    if not valid:
+        raise ValueError(f"all_reduce_fusion_config {indices} does not fit {net_name}: indices "
+                         f"must be strictly increasing within [1, {num_tensors - 1}] "
+                         f"({num_tensors} trainable tensors); e.g. --all_reduce_fusion_config "
+                         f"{','.join(map(str, suggestion))}")
+
+
+def fusion_config_for(num_tensors):
+    """The ResNet-50 split [85, 160] of 161 tensors, scaled to ``num_tensors``."""
+    return [round(85 * num_tensors / 161), num_tensors - 1]

@@ -137,3 +137,35 @@ def test_bad_suffix_and_missing_input(tmp_path):
         torch_state_to_ms_arrays({"conv.weight": torch.zeros(1)})
     result = run_tool(tmp_path / "missing.pth", tmp_path / "x.ckpt")
     assert result.returncode == 2 and "input not found" in result.stderr
+
+
+def test_converted_weights_give_torch_accuracy_in_eval_py(cifar_small, tmp_path):
+    """A torch checkpoint converted and evaluated with eval.py scores what torch scores on the
+    same real images with torchvision's eval preprocessing (written out in the alignment
+    tests)."""
+    import json
+
+    from tests.helpers import run_entry
+    from tests.test_alignment import pillow_eval_tensor
+
+    torch.manual_seed(11)
+    tnet = torch_resnet("resnet18", 10).eval()
+    torch.save(tnet.state_dict(), tmp_path / "r18.pth")
+    assert run_tool(tmp_path / "r18.pth", tmp_path / "r18.ckpt").returncode == 0
+    result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10", "--image_size",
+                       "64", "--eval_resize", "72", "--batch_size", "8", "--checkpoint_path",
+                       tmp_path / "r18.ckpt", "--data_path", cifar_small["test"],
+                       "--output_dir", tmp_path)
+    assert result.returncode == 0, result.stderr
+    ours = json.load(open(tmp_path / "eval_result.json"))
+    classes = sorted(os.listdir(cifar_small["test"]))
+    images, labels = [], []
+    for label, cls in enumerate(classes):
+        for name in sorted(os.listdir(os.path.join(cifar_small["test"], cls))):
+            images.append(pillow_eval_tensor(os.path.join(cifar_small["test"], cls, name), 72, 64))
+            labels.append(label)
+    with torch.no_grad():
+        logits = tnet(torch.from_numpy(np.stack(images)))
+    torch_top1 = float((logits.argmax(1).numpy() == np.array(labels)).mean())
+    assert ours["images"] == len(labels) == 30
+    assert ours["top1"] == pytest.approx(torch_top1, abs=1e-9)
