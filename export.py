@@ -4,7 +4,8 @@
 
 The exported graph takes float32 (batch_size, 3, image_size, image_size) images preprocessed as
 in eval (resize, center crop, ImageNet normalization) and returns (batch_size, class_num)
-logits. MINDIR and ONNX export on any backend; AIR needs Ascend.
+logits. MINDIR and ONNX export on any backend; AIR needs Ascend. The ONNX graph's input is
+named ``image`` and its output ``logits``.
 """
 from src.env import set_cpu_fast_path
 
@@ -22,6 +23,17 @@ from src.inference import load_network  # noqa: E402
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
 
 
+def export_model(net, dummy, file_name, file_format):
+    """Write ``net`` traced on ``dummy``. ONNX goes through ``mindspore.onnx.export`` (the
+    successor of ``export(file_format='ONNX')``) with the graph's input named ``image`` and its
+    output ``logits``."""
+    if file_format == "ONNX":
+        ms.onnx.export(net, dummy, file_name=file_name, input_names=["image"],
+                       output_names=["logits"])
+    else:
+        ms.export(net, dummy, file_name=file_name, file_format=file_format)
+
+
 def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0])
     if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
@@ -33,7 +45,7 @@ def main(argv=None):
 
     net = load_network(cfg)
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, cfg.image_size, cfg.image_size], np.float32))
-    ms.export(net, dummy, file_name=cfg.file_name, file_format=cfg.file_format)
+    export_model(net, dummy, cfg.file_name, cfg.file_format)
     print(f"exported {cfg.checkpoint_path} -> {cfg.file_name}{SUFFIXES[cfg.file_format]} "
           f"(input float32 {tuple(dummy.shape)}, output ({cfg.batch_size}, {cfg.class_num}))")
     return 0

@@ -25,14 +25,11 @@ from src.inference import preprocess_images  # noqa: E402
 from src.loss import CrossEntropySmooth  # noqa: E402
 from src.optimizer import create_optimizer  # noqa: E402
 from src.resnet import create_network  # noqa: E402
+from tests.helpers import interleaved_class_images  # noqa: E402
 
 
 def real_batches(data_path, steps, global_batch):
-    classes = sorted(os.listdir(data_path))
-    per_class = steps * global_batch // len(classes) + 1
-    paths = [os.path.join(data_path, c, sorted(os.listdir(os.path.join(data_path, c)))[i])
-             for i in range(per_class) for c in classes][:steps * global_batch]
-    labels = np.array([classes.index(p.split(os.sep)[-2]) for p in paths], np.int32)
+    paths, labels = interleaved_class_images(data_path, steps * global_batch)
     return preprocess_images(paths, 32, 32), labels
 
 

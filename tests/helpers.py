@@ -21,3 +21,21 @@ def run_entry(script, *args, timeout=600):
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                             check=False)
     return result
+
+
+def interleaved_class_images(root, count):
+    """The first ``count`` images of a class-folder root taken class by class in turn
+    (1st of each class, then 2nd of each ...): a fixed order with every class in every batch.
+
+    Returns:
+        tuple(list[str], numpy.ndarray): image paths and int32 labels (sorted folder index).
+    """
+    import numpy as np
+
+    classes = sorted(os.listdir(root))
+    per_class = count // len(classes) + 1
+    paths = [os.path.join(root, c, sorted(os.listdir(os.path.join(root, c)))[i])
+             for i in range(per_class) for c in classes][:count]
+    labels = np.array([classes.index(os.path.basename(os.path.dirname(p))) for p in paths],
+                      np.int32)
+    return paths, labels

@@ -26,6 +26,7 @@ from src.lr_schedule import warmup_cosine_lr
 from src.optimizer import create_optimizer, split_weight_decay
 from src.resnet import batch_norm, create_network
 from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
+from tests.helpers import interleaved_class_images
 from tests.torch_resnet import torch_resnet
 from tools.convert_torch_checkpoint import ms_to_torch_names
 
@@ -312,13 +313,9 @@ def test_eval_preprocessing_equals_torchvision_on_pil(shared_data):
 # ---- 5. loss curves ----
 
 def cifar_batches(shared_data, batch, steps):
-    """The first images of each CIFAR-10 class, interleaved: fixed order, no augmentation."""
-    root = os.path.join(shared_data, "cifar10", "train")
-    classes = sorted(os.listdir(root))
-    per_class = batch * steps // len(classes) + 1
-    paths = [os.path.join(root, c, sorted(os.listdir(os.path.join(root, c)))[i])
-             for i in range(per_class) for c in classes][:batch * steps]
-    labels = np.array([classes.index(p.split(os.sep)[-2]) for p in paths], np.int32)
+    """CIFAR-10 train images, class by class in turn: fixed order, no augmentation."""
+    paths, labels = interleaved_class_images(os.path.join(shared_data, "cifar10", "train"),
+                                             batch * steps)
     return preprocess_images(paths, 32, 32), labels
 
 

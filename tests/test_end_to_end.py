@@ -89,7 +89,8 @@ def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, tmp_path):
         else:
             import onnxruntime as ort
             session = ort.InferenceSession(name + suffix, providers=["CPUExecutionProvider"])
-            got = session.run(None, {session.get_inputs()[0].name: images})[0]
+            assert [i.name for i in session.get_inputs()] == ["image"]
+            got = session.run(["logits"], {"image": images})[0]
         assert got.shape == (4, 10)
         assert np.abs(got - expected).max() <= 1e-4 * scale, fmt
 
@@ -147,3 +148,28 @@ def test_bad_config_stops_with_the_key_named(cifar_small, tmp_path):
     result = run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
                        "--batch_size", "1000", "--output_dir", str(tmp_path))
     assert result.returncode != 0 and "0 full batches of batch_size 1000" in result.stderr
+
+
+def test_predict_names_imagenet_classes_for_a_1000_class_model(shared_data, tmp_path):
+    ckpt = str(tmp_path / "r18_1000.ckpt")
+    ms.save_checkpoint(create_network("resnet18", 1000), ckpt)
+    image = os.path.join(shared_data, "imagenet_sample", "n01440764",
+                         os.listdir(os.path.join(shared_data, "imagenet_sample", "n01440764"))[0])
+    out = predictions(check(run_entry(
+        "predict.py", "--net_name", "resnet18", "--checkpoint_path", ckpt, "--image_path", image,
+        "--batch_size", "1")).stdout)
+    names = [line.rstrip("\n").split("\t")[-1] for line in open(
+        os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "imagenet_classes.tsv"))][1:]
+    assert len(out) == 1 and len(out[0]["top"]) == 5
+    for item in out[0]["top"]:
+        assert item["name"] == names[item["class"]]
+
+
+def test_missing_model_files_are_named(cifar_small, tmp_path):
+    for path in (tmp_path / "nope.mindir", tmp_path / "nope.ckpt"):
+        result = run_entry("predict.py", *COMMON, "--checkpoint_path", path, "--image_path",
+                           cifar_small["test"])
+        assert result.returncode == 2 and str(path) in result.stderr
+    result = run_entry("eval.py", *COMMON, "--checkpoint_path", tmp_path / "nope.ckpt",
+                       "--data_path", cifar_small["test"])
+    assert result.returncode == 2 and "checkpoint not found" in result.stderr
