@@ -22,6 +22,7 @@ from src.cli import run_entry_point  # noqa: E402
 from src.config import ConfigError, parse_config  # noqa: E402
 from src.dataset import count_images, create_dataset  # noqa: E402
 from src.device import setup_device  # noqa: E402
+from src.image_check import readable_pipeline_errors  # noqa: E402
 from src.inference import load_network  # noqa: E402
 from src.loss import CrossEntropySmooth  # noqa: E402
 
@@ -35,7 +36,8 @@ def main(argv=None):
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
                              batch_size=cfg.batch_size, image_size=cfg.image_size,
                              eval_resize=cfg.eval_resize,
-                             num_parallel_workers=cfg.num_parallel_workers)
+                             num_parallel_workers=cfg.num_parallel_workers,
+                             check_images=cfg.check_images)
     net = load_network(cfg)
     model = Model(net, loss_fn=CrossEntropySmooth(cfg.label_smoothing, cfg.class_num),
                   metrics={"top1": nn.Top1CategoricalAccuracy(),
@@ -43,7 +45,8 @@ def main(argv=None):
                            "loss": nn.Loss()})
 
     start = time.time()
-    result = model.eval(dataset, dataset_sink_mode=False)
+    with readable_pipeline_errors():
+        result = model.eval(dataset, dataset_sink_mode=False)
     seconds = time.time() - start
     images = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
     report = {"checkpoint_path": cfg.checkpoint_path, "data_path": cfg.data_path,

@@ -25,6 +25,7 @@ from src.config import ConfigError, parse_config  # noqa: E402
 from src.dataset import class_names_of, create_dataset  # noqa: E402
 from src.device import (check_fusion_config, init_distributed, resolve_amp_level,  # noqa: E402
                         setup_device)
+from src.image_check import readable_pipeline_errors  # noqa: E402
 from src.logger import get_logger  # noqa: E402
 from src.loss import CrossEntropySmooth  # noqa: E402
 from src.lr_schedule import create_lr  # noqa: E402
@@ -64,7 +65,7 @@ def main(argv=None):
     # ---- data ----
     data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size, image_size=cfg.image_size,
                      eval_resize=cfg.eval_resize, crop_scale=cfg.train_crop_scale,
-                     num_parallel_workers=cfg.num_parallel_workers)
+                     num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
     shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
     train_set = create_dataset(cfg.data_path, is_training=True, **data_args, **shards)
     steps_per_epoch = train_set.get_dataset_size()
@@ -127,7 +128,8 @@ def main(argv=None):
                                          config=ckpt_config))
 
     # ---- train ----
-    model.train(cfg.epoch_size, train_set, callbacks=callbacks, dataset_sink_mode=False)
+    with readable_pipeline_errors():
+        model.train(cfg.epoch_size, train_set, callbacks=callbacks, dataset_sink_mode=False)
     log.info("done; outputs in %s", cfg.output_dir)
     return 0
 

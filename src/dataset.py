@@ -19,12 +19,15 @@ import mindspore.dataset as ds
 import mindspore.dataset.transforms as transforms
 import mindspore.dataset.vision as vision
 
+from src.image_check import IMAGE_EXTENSIONS, check_image_folder
+
 # ImageNet mean / std of torchvision and NVIDIA, in units of 0-255 pixel values.
 IMAGENET_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 IMAGENET_STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
-IMAGE_EXTENSIONS = [".jpg", ".jpeg", ".png", ".bmp", ".JPG", ".JPEG", ".PNG", ".BMP"]
 CIFAR10_TRAIN_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)]
 CIFAR10_TEST_FILES = ["test_batch.bin"]
+CIFAR10_RECORDS_PER_FILE = 10000
+CIFAR10_RECORD_BYTES = 1 + 32 * 32 * 3  # label byte + 3 colour planes
 
 
 def create_transforms(is_training, image_size=224, eval_resize=256, decoded=False,
@@ -65,7 +68,8 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
 
 def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
                    image_size=224, eval_resize=256, crop_scale=(0.08, 1.0), num_parallel_workers=4,
-                   num_shards=None, shard_id=None, drop_remainder=None, shuffle=None):
+                   num_shards=None, shard_id=None, drop_remainder=None, shuffle=None,
+                   check_images=True):
     """Build a batched classification dataset.
 
     Args:
@@ -84,14 +88,19 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
         shard_id (int, optional): This device's shard, in [0, num_shards).
         drop_remainder (bool, optional): Drop the last partial batch; default: is_training.
         shuffle (bool, optional): Shuffle the order; default: is_training.
+        check_images (bool): ``imagefolder``: check every file before reading
+            (``src.image_check``); the folder layout is always checked.
 
     Returns:
         mindspore.dataset.Dataset: columns ``image`` float32 (batch, 3, image_size,
         image_size) and ``label`` int32 (batch,).
 
     Raises:
-        FileNotFoundError: If ``data_path`` is not a folder or the CIFAR-10 files are missing.
-        ValueError: If ``dataset`` is unknown or ``batch_size`` is not positive.
+        FileNotFoundError: If ``data_path`` is not a folder, holds no class folders, or the
+            CIFAR-10 files are missing.
+        ValueError: If ``dataset`` is unknown or ``batch_size`` is not positive; an
+            ``ImageFolderError`` (a ValueError) names empty class folders and corrupt,
+            truncated or macOS metadata files; a short CIFAR-10 file is named.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
@@ -103,8 +112,8 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
     num_parallel_workers = max(1, min(num_parallel_workers, os.cpu_count() or 1))
     drop_remainder = is_training if drop_remainder is None else drop_remainder
     source, decoded = DATASET_READERS[dataset](
-        data_path, is_training, shuffle=shuffle, num_parallel_workers=num_parallel_workers,
-        num_shards=num_shards, shard_id=shard_id)
+        data_path, is_training, check_images, shuffle=shuffle,
+        num_parallel_workers=num_parallel_workers, num_shards=num_shards, shard_id=shard_id)
     image_ops = create_transforms(is_training, image_size, eval_resize, decoded, crop_scale)
     data = source.map(operations=image_ops, input_columns="image",
                       num_parallel_workers=num_parallel_workers)
@@ -121,20 +130,29 @@ def count_images(data_path, is_training, dataset="imagefolder"):
     """
     if not os.path.isdir(data_path):
         raise FileNotFoundError(f"data_path {data_path!r} is not a folder")
-    source, _ = DATASET_READERS[dataset](data_path, is_training, shuffle=False)
+    source, _ = DATASET_READERS[dataset](data_path, is_training, False, shuffle=False)
     return source.get_dataset_size()
 
 
-def _image_folder(data_path, is_training, **kwargs):
+def _image_folder(data_path, is_training, check_images, **kwargs):
     del is_training  # the same folder layout serves train and eval
+    check_image_folder(data_path, check_content=check_images)
     return ds.ImageFolderDataset(data_path, extensions=IMAGE_EXTENSIONS, **kwargs), False
 
 
-def _cifar10_binary(data_path, is_training, **kwargs):
+def _cifar10_binary(data_path, is_training, check_images, **kwargs):
+    del check_images  # fixed-size records: the file sizes are the check
     names = CIFAR10_TRAIN_FILES if is_training else CIFAR10_TEST_FILES
     missing = [n for n in names if not os.path.isfile(os.path.join(data_path, n))]
     if missing:
         raise FileNotFoundError(f"CIFAR-10 binary folder {data_path!r} lacks {missing}")
+    expected = CIFAR10_RECORDS_PER_FILE * CIFAR10_RECORD_BYTES
+    short = [f"{n} ({os.path.getsize(os.path.join(data_path, n))} bytes)" for n in names
+             if os.path.getsize(os.path.join(data_path, n)) != expected]
+    if short:
+        raise ValueError(f"CIFAR-10 binary folder {data_path!r}: {', '.join(short)}; each file "
+                         f"must hold {CIFAR10_RECORDS_PER_FILE} records of {CIFAR10_RECORD_BYTES}"
+                         f" bytes ({expected} bytes)")
     usage = "train" if is_training else "test"
     return ds.Cifar10Dataset(data_path, usage=usage, **kwargs), True
 
@@ -144,4 +162,4 @@ DATASET_READERS = {"imagefolder": _image_folder, "cifar10": _cifar10_binary}
 
 def class_names_of(data_path):
     """Class names of an ImageFolder root, in label order (sorted sub-folder names)."""
-    return sorted(e.name for e in os.scandir(data_path) if e.is_dir())
+    return check_image_folder(data_path, check_content=False)

@@ -5,7 +5,8 @@ import mindspore as ms
 import numpy as np
 
 from src.checkpoint import load_into_network
-from src.dataset import IMAGE_EXTENSIONS, create_transforms
+from src.dataset import create_transforms
+from src.image_check import IMAGE_EXTENSIONS
 from src.resnet import create_network
 
 
