@@ -4,18 +4,21 @@
     python train.py --config_path configs/resnet18_cifar10.yaml --data_path DIR --epoch_size 5
 
 Reads top to bottom: config -> device -> dataset -> network -> LR -> optimizer -> loss ->
-Model -> callbacks -> model.train. Outputs in --output_dir: checkpoints, metrics.jsonl (one
-JSON line per epoch), config.yaml (the resolved config), class_names.txt, train.log.
+Model -> resume -> callbacks -> model.train per epoch. Outputs in --output_dir: checkpoints,
+metrics.jsonl (one JSON line per epoch), config.yaml (the resolved config), class_names.txt,
+train.log. Each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with
+--resume_ckpt sees the same data as an uninterrupted one. SIGINT/SIGTERM save and stop.
 """
 from src.env import set_cpu_fast_path
 
 set_cpu_fast_path()  # before MindSpore loads oneDNN
 
 import os  # noqa: E402
+import signal  # noqa: E402
 
+import mindspore.dataset as ds  # noqa: E402
 import mindspore.nn as nn  # noqa: E402
-from mindspore.train import (CheckpointConfig, FixedLossScaleManager, Model,  # noqa: E402
-                             ModelCheckpoint)
+from mindspore.train import Model  # noqa: E402
 
 from src.callbacks import BestCheckpointEvaluator, TrainMonitor  # noqa: E402
 from src.checkpoint import load_into_network  # noqa: E402
@@ -23,14 +26,16 @@ from src.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
 from src.cli import run_entry_point  # noqa: E402
 from src.config import ConfigError, parse_config  # noqa: E402
 from src.dataset import class_names_of, create_dataset  # noqa: E402
-from src.device import (check_fusion_config, init_distributed, resolve_amp_level,  # noqa: E402
-                        setup_device)
+from src.device import (check_fusion_config, init_distributed, loss_scale_setup,  # noqa: E402
+                        resolve_amp_level, setup_device)
 from src.image_check import readable_pipeline_errors  # noqa: E402
 from src.logger import get_logger  # noqa: E402
 from src.loss import CrossEntropySmooth  # noqa: E402
 from src.lr_schedule import create_lr  # noqa: E402
 from src.optimizer import create_optimizer  # noqa: E402
 from src.resnet import create_network  # noqa: E402
+from src.resume import (CheckpointSaver, epoch_seed, find_resume_checkpoint,  # noqa: E402
+                        restore_training_state)
 
 
 def check_train_config(cfg):
@@ -38,13 +43,35 @@ def check_train_config(cfg):
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the training data folder")
     for key in ("batch_size", "epoch_size", "class_num", "image_size", "log_interval",
-                "save_checkpoint_epochs"):
+                "save_checkpoint_epochs", "keep_checkpoint_max"):
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
     if cfg.base_lr <= 0:
         raise ConfigError(f"base_lr must be positive, got {cfg.base_lr}")
     if cfg.run_eval and not cfg.eval_data_path:
         raise ConfigError("run_eval is true but eval_data_path is empty")
+    if cfg.save_checkpoint_steps < 0:
+        raise ConfigError(f"save_checkpoint_steps must be 0 or positive, got "
+                          f"{cfg.save_checkpoint_steps}")
+
+
+def resume_checkpoint_path(cfg, steps_per_epoch, log):
+    """``resume_ckpt`` resolved: a path, the newest readable checkpoint for ``auto``, or ""."""
+    if cfg.resume_ckpt != "auto":
+        return cfg.resume_ckpt
+    path = find_resume_checkpoint(cfg.output_dir, cfg.net_name, steps_per_epoch)
+    if path is None:
+        log.info("resume_ckpt auto: no checkpoint in %s, starting from scratch", cfg.output_dir)
+    return path or ""
+
+
+def epoch_dataset(cfg, epoch, skip_steps, data_args, shards):
+    """The training pipeline of ``epoch``, seeded from (seed, epoch), first ``skip_steps``
+    batches skipped (they are still read, so random augmentation stays in step)."""
+    ds.config.set_seed(epoch_seed(cfg.seed, epoch))
+    data = create_dataset(cfg.data_path, is_training=True, **dict(data_args, check_images=False),
+                          **shards)
+    return data.skip(skip_steps) if skip_steps else data
 
 
 def main(argv=None):
@@ -99,17 +126,29 @@ def main(argv=None):
              global_batch, cfg.batch_size, device_num, peak_lr, cfg.base_lr,
              cfg.base_lr_batch_size, steps_per_epoch, len(lr))
     amp_level = resolve_amp_level(cfg)
-    loss_scale = cfg.loss_scale if amp_level != "O0" else 1.0
-    optimizer = create_optimizer(net, lr, cfg.momentum, cfg.weight_decay, loss_scale)
+    scale_manager, optimizer_loss_scale = loss_scale_setup(cfg, amp_level)
+    optimizer = create_optimizer(net, lr, cfg.momentum, cfg.weight_decay, optimizer_loss_scale)
     loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
 
-    # ---- model ----
-    scale_manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False)
+    # ---- model: on GPU/Ascend, steps whose scaled gradients overflow are skipped and counted ----
     model = Model(net, loss_fn=loss_fn, optimizer=optimizer, amp_level=amp_level,
                   loss_scale_manager=scale_manager,
                   metrics={"top1": nn.Top1CategoricalAccuracy(),
                            "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num))})
-    log.info("amp_level %s, loss scale %g, device %s", amp_level, loss_scale, cfg.device_target)
+    log.info("amp_level %s, loss scale %s, device %s", amp_level,
+             cfg.loss_scale if scale_manager else "none", cfg.device_target)
+
+    # ---- resume ----
+    start_step = 0
+    resume_path = resume_checkpoint_path(cfg, steps_per_epoch, log)
+    if resume_path:
+        start_step = restore_training_state(net, optimizer, resume_path)
+        if start_step >= len(lr):
+            raise ConfigError(f"{resume_path} has already trained all {len(lr)} steps of "
+                              f"epoch_size {cfg.epoch_size}")
+        log.info("resumed from %s: %d steps done (epoch %d, step %d of %d)", resume_path,
+                 start_step, start_step // steps_per_epoch + 1,
+                 start_step % steps_per_epoch, steps_per_epoch)
 
     # ---- callbacks ----
     evaluator = None
@@ -118,18 +157,38 @@ def main(argv=None):
         evaluator = BestCheckpointEvaluator(model, eval_set, os.path.join(
             cfg.output_dir, f"{cfg.net_name}-best.ckpt"))
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None
-    callbacks = [TrainMonitor(lr, global_batch, cfg.log_interval, metrics_path, log,
-                              evaluator, cfg.eval_interval)]
-    if is_main:
-        ckpt_config = CheckpointConfig(
-            save_checkpoint_steps=cfg.save_checkpoint_epochs * steps_per_epoch,
-            keep_checkpoint_max=cfg.keep_checkpoint_max)
-        callbacks.append(ModelCheckpoint(prefix=cfg.net_name, directory=cfg.output_dir,
-                                         config=ckpt_config))
+    monitor = TrainMonitor(lr, global_batch, steps_per_epoch, cfg.log_interval, metrics_path,
+                           log, evaluator, cfg.eval_interval, start_step)
+    saver = CheckpointSaver(cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr), start_step,
+                            cfg.save_checkpoint_epochs, cfg.save_checkpoint_steps,
+                            cfg.keep_checkpoint_max, write=is_main)
 
-    # ---- train ----
-    with readable_pipeline_errors():
-        model.train(cfg.epoch_size, train_set, callbacks=callbacks, dataset_sink_mode=False)
+    # ---- train, one Model.train call per epoch ----
+    try:
+        with readable_pipeline_errors():
+            for epoch in range(start_step // steps_per_epoch, cfg.epoch_size):
+                skip = max(0, start_step - epoch * steps_per_epoch)
+                data = epoch_dataset(cfg, epoch, skip, data_args, shards)
+                model.train(epoch + 1, data, callbacks=[monitor, saver], dataset_sink_mode=False,
+                            initial_epoch=epoch)
+                if monitor.nonfinite_step or saver.signal_received:
+                    break
+    finally:
+        saver.restore_signal_handlers()
+    return finish(monitor, saver, cfg, log)
+
+
+def finish(monitor, saver, cfg, log):
+    """Exit status and the closing message: done, stopped by a signal, or a non-finite loss."""
+    if monitor.nonfinite_step:
+        log.error("stopped: non-finite loss at global step %d; newest good checkpoint: %s",
+                  monitor.nonfinite_step, saver.last_saved or "none")
+        return 3
+    if saver.signal_received:
+        log.warning("stopped by %s at global step %d, saved %s; resume with the same command "
+                    "plus --resume_ckpt auto", saver.signal_received, saver.global_step,
+                    saver.last_saved)
+        return 128 + getattr(signal, saver.signal_received)
     log.info("done; outputs in %s", cfg.output_dir)
     return 0
 

@@ -1,5 +1,6 @@
 """Training callbacks: progress lines, one JSON line of metrics per epoch, best checkpoint."""
 import json
+import math
 import os
 import time
 
@@ -14,6 +15,15 @@ def loss_value(net_outputs):
     if isinstance(net_outputs, (tuple, list)):
         net_outputs = net_outputs[0]
     return float(np.mean(net_outputs.asnumpy()))
+
+
+def step_status(net_outputs):
+    """Classify a step from ``cb_params.net_outputs``: ``"ok"``, ``"overflow"`` (loss scaling
+    detected an overflow and skipped the update) or ``"nonfinite"`` (a NaN/inf loss in fp32)."""
+    if isinstance(net_outputs, (tuple, list)) and len(net_outputs) > 1 and bool(
+            net_outputs[1].asnumpy()):
+        return "overflow"
+    return "ok" if math.isfinite(loss_value(net_outputs)) else "nonfinite"
 
 
 def atomic_save_checkpoint(net, path):
@@ -56,34 +66,41 @@ class TrainMonitor(Callback):
 
     Step line: epoch, step in epoch, global step, loss, LR, img/s (global, over all
     devices), ETA. Epoch line in ``metrics_path`` (JSON Lines): epoch, mean loss, last LR,
-    epoch time in seconds, img/s, and top1/top5 when an evaluator runs.
+    epoch time in seconds, img/s, overflowed steps (loss scaling), and top1/top5 when an
+    evaluator runs. A non-finite loss in fp32 stops training (``nonfinite_step`` says where).
 
     Args:
         lr (numpy.ndarray): The per-step LR array given to the optimizer.
         global_batch_size (int): Images per step over all devices.
+        steps_per_epoch (int): Steps in one epoch.
         log_interval (int): Steps between progress lines.
         metrics_path (str, optional): JSON Lines file; None to write none (non-zero ranks).
         logger (logging.Logger): Where lines go.
         evaluator (callable, optional): ``evaluator(net) -> dict`` run after each
             ``eval_interval`` epochs and after the last one.
         eval_interval (int): Epochs between evaluations.
+        start_step (int): Steps already done (resumed runs).
     """
 
-    def __init__(self, lr, global_batch_size, log_interval, metrics_path, logger,
-                 evaluator=None, eval_interval=1):
+    def __init__(self, lr, global_batch_size, steps_per_epoch, log_interval, metrics_path,
+                 logger, evaluator=None, eval_interval=1, start_step=0):
         super().__init__()
         self.lr = lr
         self.global_batch_size = global_batch_size
+        self.steps_per_epoch = steps_per_epoch
         self.log_interval = max(1, log_interval)
         self.metrics_path = metrics_path
         self.logger = logger
         self.evaluator = evaluator
         self.eval_interval = max(1, eval_interval)
-        self.train_start = self.epoch_start = self.window_start = 0.0
+        self.start_step = self.global_step = start_step
+        self.nonfinite_step = None
+        self.overflow_steps = 0
+        self.train_start = self.epoch_start = self.window_start = None
         self.epoch_losses = []
 
     def on_train_begin(self, run_context):
-        self.train_start = time.time()
+        self.train_start = self.train_start or time.time()
 
     def on_train_epoch_begin(self, run_context):
         self.epoch_start = self.window_start = time.time()
@@ -91,36 +108,48 @@ class TrainMonitor(Callback):
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
+        self.global_step += 1
+        status = step_status(cb.net_outputs)
+        if status == "overflow":
+            self.overflow_steps += 1
+            return
         loss = loss_value(cb.net_outputs)
-        self.epoch_losses.append(loss)
-        if not np.isfinite(loss):
-            self.logger.error("non-finite loss %s at epoch %d, global step %d: stopping",
-                              loss, cb.cur_epoch_num, cb.cur_step_num)
+        if status == "nonfinite":
+            self.nonfinite_step = self.global_step
+            self.logger.error("non-finite loss %s at global step %d (epoch %d): stopping; the "
+                              "newest checkpoint is the last good one", loss, self.global_step,
+                              cb.cur_epoch_num)
             run_context.request_stop()
             return
-        step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
-        if step_in_epoch % self.log_interval and step_in_epoch != cb.batch_num:
+        self.epoch_losses.append(loss)
+        step_in_epoch = (self.global_step - 1) % self.steps_per_epoch + 1
+        if step_in_epoch % self.log_interval and step_in_epoch != self.steps_per_epoch:
             return
         now = time.time()
         steps = (step_in_epoch - 1) % self.log_interval + 1
         img_per_s = steps * self.global_batch_size / max(now - self.window_start, 1e-9)
         self.window_start = now
-        done = cb.cur_step_num
-        total = cb.epoch_num * cb.batch_num
-        eta = (now - self.train_start) / done * (total - done)
+        total = len(self.lr)
+        eta = (now - self.train_start) / (self.global_step - self.start_step) * (
+            total - self.global_step)
         self.logger.info("epoch %d/%d step %d/%d (global %d) loss %.4f lr %.6f "
-                         "%.1f img/s eta %s", cb.cur_epoch_num, cb.epoch_num, step_in_epoch,
-                         cb.batch_num, done, loss, self.lr[done - 1], img_per_s, _hms(eta))
+                         "%.1f img/s eta %s", cb.cur_epoch_num, total // self.steps_per_epoch,
+                         step_in_epoch, self.steps_per_epoch, self.global_step, loss,
+                         self.lr[self.global_step - 1], img_per_s, _hms(eta))
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
+        if self.nonfinite_step:
+            return
         seconds = time.time() - self.epoch_start
-        record = {"epoch": cb.cur_epoch_num, "step": cb.cur_step_num,
-                  "loss": float(np.mean(self.epoch_losses)) if self.epoch_losses else None,
-                  "lr": float(self.lr[cb.cur_step_num - 1]), "time_s": round(seconds, 3),
+        record = {"epoch": cb.cur_epoch_num, "step": self.global_step,
+                  "loss": float(sum(self.epoch_losses) / len(self.epoch_losses))
+                  if self.epoch_losses else None,
+                  "lr": float(self.lr[self.global_step - 1]), "time_s": round(seconds, 3),
                   "img_per_s": round(len(self.epoch_losses) * self.global_batch_size
-                                     / max(seconds, 1e-9), 2)}
-        last = cb.cur_epoch_num == cb.epoch_num
+                                     / max(seconds, 1e-9), 2),
+                  "overflow_steps": self.overflow_steps}
+        last = self.global_step == len(self.lr)
         if self.evaluator and (cb.cur_epoch_num % self.eval_interval == 0 or last):
             record.update(self.evaluator(cb.network))
         self.logger.info("epoch %d done: %s", cb.cur_epoch_num, json.dumps(record))

@@ -83,3 +83,20 @@ def check_fusion_config(indices, num_tensors, net_name):
 def fusion_config_for(num_tensors):
     """The ResNet-50 split [85, 160] of 161 tensors, scaled to ``num_tensors``."""
     return [round(85 * num_tensors / 161), num_tensors - 1]
+
+
+def loss_scale_setup(cfg, amp_level):
+    """(loss-scale manager for ``Model``, loss scale for the optimizer) under ``amp_level``.
+
+    fp32 (O0): no loss scaling. GPU/Ascend: a fixed scale whose overflowed steps are skipped
+    (MindSpore's loss-scale cell checks the gradients and drops the update). CPU with mixed
+    precision: MindSpore supports only a fixed scale without overflow detection there, so the
+    optimizer divides it out and a non-finite loss stops training instead.
+    """
+    from mindspore.train import FixedLossScaleManager
+
+    if amp_level == "O0":
+        return None, 1.0
+    if cfg.device_target == "CPU":
+        return FixedLossScaleManager(cfg.loss_scale, drop_overflow_update=False), cfg.loss_scale
+    return FixedLossScaleManager(cfg.loss_scale, drop_overflow_update=True), 1.0
