@@ -1,18 +1,21 @@
-"""Classify images: top-k class names with probabilities, from a checkpoint or a MindIR file.
+"""Classify images: top-k class names with probabilities, from a checkpoint, MindIR or ONNX file.
 
     python predict.py --checkpoint_path output/resnet50-90_5004.ckpt --image_path photo.jpg
     python predict.py --checkpoint_path resnet50.mindir --image_path folder/ --batch_size 1
+    python predict.py --checkpoint_path resnet50.onnx --image_path folder/ --batch_size 1
 
 Images are preprocessed as in eval (resize eval_resize, center crop image_size, ImageNet
 normalization). Class names: --class_names_path, else class_names.txt next to the checkpoint
 (written by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000.
-A MindIR file runs at the batch size it was exported with: pass that --batch_size.
+A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size.
+ONNX files run in ONNX Runtime (``pip install onnxruntime``, an optional dependency).
 """
 from src.env import set_cpu_fast_path
 
 set_cpu_fast_path()  # before MindSpore loads oneDNN
 
 import json  # noqa: E402
+import os  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
@@ -21,7 +24,7 @@ from src.class_names import default_class_names_path, read_class_names  # noqa: 
 from src.cli import run_entry_point  # noqa: E402
 from src.config import ConfigError, parse_config  # noqa: E402
 from src.device import setup_device  # noqa: E402
-from src.inference import (list_images, load_mindir, load_network,  # noqa: E402
+from src.inference import (list_images, load_mindir, load_network, load_onnx,  # noqa: E402
                            preprocess_images, softmax)
 
 
@@ -37,13 +40,15 @@ def class_names_for(cfg, class_num):
     return names
 
 
-def predict_logits(cfg, images):
-    """Logits (N, class_num) of preprocessed images, from a .mindir or a .ckpt."""
-    if not cfg.checkpoint_path.endswith(".mindir"):
-        return run_in_batches(load_network(cfg), images, cfg.batch_size)
+def run_checkpoint(cfg, images):
+    net = load_network(cfg)
+    return run_in_batches(lambda x: net(ms.Tensor(x)).asnumpy(), images, cfg.batch_size)
+
+
+def run_mindir(cfg, images):
     graph = load_mindir(cfg.checkpoint_path)
     try:
-        return run_in_batches(graph, images, cfg.batch_size)
+        return run_in_batches(lambda x: graph(ms.Tensor(x)).asnumpy(), images, cfg.batch_size)
     except (RuntimeError, ValueError, TypeError) as err:
         raise ValueError(f"MindIR {cfg.checkpoint_path} rejected input of shape "
                          f"({cfg.batch_size}, 3, {cfg.image_size}, {cfg.image_size}): pass the "
@@ -51,15 +56,32 @@ def predict_logits(cfg, images):
                          f"({str(err).splitlines()[0]})") from err
 
 
-def run_in_batches(net, images, batch_size):
-    """Run ``net`` over ``images`` in batches of exactly ``batch_size`` (the last one padded)."""
+def run_onnx(cfg, images):
+    return run_in_batches(load_onnx(cfg.checkpoint_path), images, cfg.batch_size)
+
+
+RUNNERS = {".ckpt": run_checkpoint, ".mindir": run_mindir, ".onnx": run_onnx}
+
+
+def predict_logits(cfg, images):
+    """Logits (N, class_num) of preprocessed images, from a .ckpt, .mindir or .onnx file."""
+    suffix = os.path.splitext(cfg.checkpoint_path)[1]
+    if suffix not in RUNNERS:
+        raise ConfigError(f"checkpoint_path {cfg.checkpoint_path}: expected a "
+                          f"{', '.join(RUNNERS)} file")
+    return RUNNERS[suffix](cfg, images)
+
+
+def run_in_batches(forward, images, batch_size):
+    """Apply ``forward`` (numpy -> numpy) over ``images`` in batches of exactly
+    ``batch_size`` (the last one zero-padded, the padding dropped from the result)."""
     outputs = []
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size]
         pad = batch_size - len(chunk)
         if pad:
             chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
-        outputs.append(net(ms.Tensor(chunk)).asnumpy()[:batch_size - pad])
+        outputs.append(forward(chunk)[:batch_size - pad])
     return np.concatenate(outputs)
 
 
@@ -68,7 +90,7 @@ def main(argv=None):
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
-        raise ConfigError("checkpoint_path is empty: give a .ckpt or .mindir file")
+        raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
     setup_device(cfg)
 
     paths = list_images(cfg.image_path)

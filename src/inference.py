@@ -77,6 +77,24 @@ def load_mindir(path):
     return ms.nn.GraphCell(ms.load(path))
 
 
+def load_onnx(path):
+    """An ONNX file as a function float32 (N, 3, H, W) -> logits, run by ONNX Runtime.
+
+    Raises:
+        FileNotFoundError: If the file does not exist.
+        ValueError: If onnxruntime is not installed.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ONNX file not found: {path}")
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise ValueError("running an ONNX file needs ONNX Runtime: pip install onnxruntime") from err
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda images: session.run(None, {name: images})[0]
+
+
 def softmax(logits):
     """Row-wise softmax of a float array (N, K), numerically stable."""
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))

@@ -137,6 +137,10 @@ def test_pre_trained_of_another_depth_is_named(folder, r18_1000):
 def test_model_files_that_do_not_exist(tmp_path):
     assert "MindIR file not found" in error_of(
         "predict.py", "--checkpoint_path", tmp_path / "none.mindir", "--image_path", SAMPLE)
+    assert "ONNX file not found" in error_of(
+        "predict.py", "--checkpoint_path", tmp_path / "none.onnx", "--image_path", SAMPLE)
+    assert "expected a .ckpt, .mindir, .onnx file" in error_of(
+        "predict.py", "--checkpoint_path", tmp_path / "model.pb", "--image_path", SAMPLE)
     assert "checkpoint not found" in error_of(
         "export.py", "--checkpoint_path", tmp_path / "none.ckpt")
 

@@ -129,6 +129,15 @@ def test_predict_from_checkpoint_and_mindir(trained, tmp_path):
         os.path.join(trained["out"], "class_names.txt"))).stdout)
     assert [p["top"][0]["name"] for p in from_mindir] == [p["top"][0]["name"] for p in from_ckpt]
 
+    onnx = str(tmp_path / "r18")
+    check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--file_format",
+                    "ONNX", "--file_name", onnx, "--batch_size", "2"))
+    from_onnx = predictions(check(run_entry(
+        "predict.py", *COMMON, "--checkpoint_path", onnx + ".onnx", "--image_path", folder,
+        "--batch_size", "2", "--class_names_path",
+        os.path.join(trained["out"], "class_names.txt"))).stdout)
+    assert [p["top"][0]["name"] for p in from_onnx] == [p["top"][0]["name"] for p in from_ckpt]
+
 
 def test_fine_tune_to_another_class_count(trained, shared_data, tmp_path):
     five = copy_class_folders(os.path.join(shared_data, "cifar10", "train"),

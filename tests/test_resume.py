@@ -121,3 +121,40 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cifar_small, t
     assert saved and max(saved) < step
     newest = ms.load_checkpoint(os.path.join(out, f"resnet18-1_{max(saved)}.ckpt"))
     assert all(np.isfinite(v.asnumpy()).all() for v in newest.values())
+
+
+def test_overflowed_steps_are_counted_not_fatal(tmp_path):
+    """Loss scaling on GPU/Ascend: MindSpore's loss-scale cell skips an overflowed update and
+    returns (loss, overflow, scale). Its overflow check has no CPU kernel, so this checks our
+    side with such outputs: counted, training goes on, saving is not blocked."""
+    import logging
+
+    from mindspore.train import RunContext
+
+    from src.callbacks import TrainMonitor, step_status
+    from src.resume import CheckpointSaver
+
+    def outputs(loss, overflow):
+        return (ms.Tensor(np.float32(loss)), ms.Tensor(overflow), ms.Tensor(np.float32(1024)))
+
+    assert step_status(outputs(np.inf, True)) == "overflow"
+    assert step_status(outputs(2.3, False)) == "ok"
+    assert step_status(ms.Tensor(np.float32(np.nan))) == "nonfinite"
+
+    class Params(dict):
+        __getattr__ = dict.__getitem__
+
+    monitor = TrainMonitor(np.full(4, 0.1, np.float32), 8, 4, 100, None, logging.getLogger("t"))
+    saver = CheckpointSaver(str(tmp_path), "net", 4, 4)
+    cb = Params(net_outputs=outputs(np.inf, True), cur_epoch_num=1)
+    context = RunContext(cb)
+    for callback in (monitor, saver):
+        callback.on_train_begin(context)
+        callback.on_train_epoch_begin(context)
+    saver._install_signal_handlers = lambda: None  # no handlers needed in this unit test
+    for step_outputs in (outputs(np.inf, True), outputs(2.3, False), outputs(np.nan, True)):
+        cb["net_outputs"] = step_outputs
+        monitor.on_train_step_end(context)
+        saver.on_train_step_end(context)
+    assert monitor.overflow_steps == 2 and monitor.nonfinite_step is None
+    assert not saver.failed and not context.get_stop_requested()
