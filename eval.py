@@ -20,7 +20,7 @@ from mindspore.train import Model  # noqa: E402
 
 from src.cli import run_entry_point  # noqa: E402
 from src.config import ConfigError, parse_config  # noqa: E402
-from src.dataset import count_images, create_dataset  # noqa: E402
+from src.dataset import class_names_of, count_images, create_dataset  # noqa: E402
 from src.device import setup_device  # noqa: E402
 from src.image_check import readable_pipeline_errors  # noqa: E402
 from src.inference import load_network  # noqa: E402
@@ -28,9 +28,13 @@ from src.loss import CrossEntropySmooth  # noqa: E402
 
 
 def main(argv=None):
+    """Evaluate as configured by ``argv``; print and write the result; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0])
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the evaluation data folder")
+    if cfg.dataset == "imagefolder" and len(class_names_of(cfg.data_path)) != cfg.class_num:
+        raise ConfigError(f"data_path {cfg.data_path} has {len(class_names_of(cfg.data_path))} "
+                          f"class folders but class_num is {cfg.class_num}")
     setup_device(cfg)
 
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,

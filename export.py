@@ -35,6 +35,7 @@ def export_model(net, dummy, file_name, file_format):
 
 
 def main(argv=None):
+    """Export as configured by ``argv``; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0])
     if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
         raise ConfigError(f"file_format AIR needs device_target Ascend (got "

@@ -41,23 +41,32 @@ def class_names_for(cfg, class_num):
 
 
 def run_checkpoint(cfg, images):
+    """Logits from a .ckpt: batches of at most ``batch_size`` (no padding needed)."""
     net = load_network(cfg)
-    return run_in_batches(lambda x: net(ms.Tensor(x)).asnumpy(), images, cfg.batch_size)
+    return run_in_batches(lambda x: net(ms.Tensor(x)).asnumpy(), images,
+                          min(cfg.batch_size, len(images)))
 
 
-def run_mindir(cfg, images):
-    graph = load_mindir(cfg.checkpoint_path)
+def run_exported(cfg, images, forward, kind):
+    """Logits from an exported model, which takes exactly its export batch size."""
     try:
-        return run_in_batches(lambda x: graph(ms.Tensor(x)).asnumpy(), images, cfg.batch_size)
-    except (RuntimeError, ValueError, TypeError) as err:
-        raise ValueError(f"MindIR {cfg.checkpoint_path} rejected input of shape "
+        return run_in_batches(forward, images, cfg.batch_size)
+    except Exception as err:  # noqa: BLE001  (MindSpore and ONNX Runtime raise their own types)
+        raise ValueError(f"{kind} {cfg.checkpoint_path} rejected input of shape "
                          f"({cfg.batch_size}, 3, {cfg.image_size}, {cfg.image_size}): pass the "
                          f"--batch_size and --image_size it was exported with "
                          f"({str(err).splitlines()[0]})") from err
 
 
+def run_mindir(cfg, images):
+    """Logits from a .mindir (MindSpore GraphCell)."""
+    graph = load_mindir(cfg.checkpoint_path)
+    return run_exported(cfg, images, lambda x: graph(ms.Tensor(x)).asnumpy(), "MindIR")
+
+
 def run_onnx(cfg, images):
-    return run_in_batches(load_onnx(cfg.checkpoint_path), images, cfg.batch_size)
+    """Logits from an .onnx (ONNX Runtime)."""
+    return run_exported(cfg, images, load_onnx(cfg.checkpoint_path), "ONNX model")
 
 
 RUNNERS = {".ckpt": run_checkpoint, ".mindir": run_mindir, ".onnx": run_onnx}
@@ -86,11 +95,15 @@ def run_in_batches(forward, images, batch_size):
 
 
 def main(argv=None):
+    """Predict as configured by ``argv``; print one JSON line per image; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0])
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
+    for key in ("batch_size", "top_k"):
+        if cfg[key] < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
     setup_device(cfg)
 
     paths = list_images(cfg.image_path)

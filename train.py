@@ -43,16 +43,20 @@ def check_train_config(cfg):
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the training data folder")
     for key in ("batch_size", "epoch_size", "class_num", "image_size", "log_interval",
-                "save_checkpoint_epochs", "keep_checkpoint_max"):
+                "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size"):
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
     if cfg.base_lr <= 0:
         raise ConfigError(f"base_lr must be positive, got {cfg.base_lr}")
     if cfg.run_eval and not cfg.eval_data_path:
         raise ConfigError("run_eval is true but eval_data_path is empty")
-    if cfg.save_checkpoint_steps < 0:
-        raise ConfigError(f"save_checkpoint_steps must be 0 or positive, got "
-                          f"{cfg.save_checkpoint_steps}")
+    for key in ("save_checkpoint_steps", "warmup_epochs"):
+        if cfg[key] < 0:
+            raise ConfigError(f"{key} must be 0 or positive, got {cfg[key]}")
+    low, high = (cfg.train_crop_scale + [None, None])[:2]
+    if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
+        raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "
+                          f"{cfg.train_crop_scale}")
 
 
 def resume_checkpoint_path(cfg, steps_per_epoch, log):
@@ -75,6 +79,8 @@ def epoch_dataset(cfg, epoch, skip_steps, data_args, shards):
 
 
 def main(argv=None):
+    """Train as configured by ``argv`` (default: the command line); returns the exit status
+    (0 done, 3 non-finite loss, 128 + signal number when stopped by SIGINT/SIGTERM)."""
     # ---- config and device ----
     cfg = parse_config(argv, description=__doc__.split("\n")[0])
     check_train_config(cfg)
@@ -104,6 +110,10 @@ def main(argv=None):
     if len(class_names) != cfg.class_num:
         raise ConfigError(f"data_path {cfg.data_path} has {len(class_names)} classes but "
                           f"class_num is {cfg.class_num}")
+    if cfg.run_eval and cfg.dataset == "imagefolder" and class_names_of(
+            cfg.eval_data_path) != class_names:
+        raise ConfigError(f"eval_data_path {cfg.eval_data_path} has other class folders than "
+                          f"data_path {cfg.data_path}: labels would not match")
     if is_main:
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
 
@@ -157,6 +167,8 @@ def main(argv=None):
         evaluator = BestCheckpointEvaluator(model, eval_set, os.path.join(
             cfg.output_dir, f"{cfg.net_name}-best.ckpt"))
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None
+    if metrics_path and start_step == 0 and os.path.exists(metrics_path):
+        os.remove(metrics_path)  # a fresh run starts a fresh record; a resumed one appends
     monitor = TrainMonitor(lr, global_batch, steps_per_epoch, cfg.log_interval, metrics_path,
                            log, evaluator, cfg.eval_interval, start_step)
     saver = CheckpointSaver(cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr), start_step,

@@ -68,10 +68,11 @@ parse_launch_args() {
     OUTPUT_DIR="$(cd "$OUTPUT_DIR" && pwd)"
 }
 
-train_args() {
+build_train_args() {
     # train.py arguments shared by every launcher; extra user arguments come last and win.
-    echo --device_target "$DEVICE_TARGET" --run_distribute true --device_num "$WORKER_NUM" \
+    TRAIN_ARGS=(--device_target "$DEVICE_TARGET" --run_distribute true --device_num "$WORKER_NUM"
         --data_path "$DATA_PATH" --config_path "$CONFIG_PATH" --output_dir "$OUTPUT_DIR"
+        "${EXTRA_ARGS[@]}")
 }
 
 fail_with_logs() {
@@ -90,11 +91,10 @@ fail_with_logs() {
 
 run_msrun() {
     local status=0
-    # shellcheck disable=SC2046
     "$MSRUN" --worker_num "$WORKER_NUM" --local_worker_num "$DEVICE_NUM" \
         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --node_rank "$NODE_RANK" \
         --log_dir "$OUTPUT_DIR/logs" --join True --cluster_time_out "$CLUSTER_TIME_OUT" \
-        "$REPO_ROOT/train.py" $(train_args) "${EXTRA_ARGS[@]}" \
+        "$REPO_ROOT/train.py" "${TRAIN_ARGS[@]}" \
         > "$OUTPUT_DIR/logs/msrun_node$NODE_RANK.log" 2>&1 || status=$?
     [[ $status -eq 0 ]] || fail_with_logs "$status" "$OUTPUT_DIR"/logs/worker_*.log \
         "$OUTPUT_DIR/logs/msrun_node$NODE_RANK.log"
@@ -108,19 +108,20 @@ run_rank_table() {
     local pids=() logs=() i status=0
     for ((i = 0; i < DEVICE_NUM; i++)); do
         logs+=("$OUTPUT_DIR/logs/rank_$i.log")
-        # shellcheck disable=SC2046
         DEVICE_ID=$i RANK_ID=$((NODE_RANK * DEVICE_NUM + i)) \
-            "$PYTHON" "$REPO_ROOT/train.py" $(train_args) --device_id "$i" "${EXTRA_ARGS[@]}" \
-            > "${logs[$i]}" 2>&1 &
+            "$PYTHON" "$REPO_ROOT/train.py" "${TRAIN_ARGS[@]}" > "${logs[$i]}" 2>&1 &
         pids+=($!)
     done
     # The first process to fail stops the others: no rank waits forever on a dead peer.
     for ((i = 0; i < ${#pids[@]}; i++)); do
-        if ! wait -n "${pids[@]}"; then status=1; break; fi
+        wait -n "${pids[@]}" || { status=$?; break; }
     done
     if [[ $status -ne 0 ]]; then
-        kill "${pids[@]}" 2>/dev/null || true
-        fail_with_logs 1 "${logs[@]}"
+        kill "${pids[@]}" 2>/dev/null || true   # SIGTERM: save and stop at the next step
+        sleep "${KILL_GRACE_S:-30}"
+        kill -9 "${pids[@]}" 2>/dev/null || true  # ranks blocked in a collective
+        wait "${pids[@]}" 2>/dev/null || true
+        fail_with_logs "$status" "${logs[@]}"
     fi
     echo "training done; rank 0 outputs in $OUTPUT_DIR, logs in $OUTPUT_DIR/logs"
 }
@@ -128,14 +129,19 @@ run_rank_table() {
 run_mpirun() {
     command -v mpirun > /dev/null || { echo "error: --launcher mpirun but mpirun is not installed" >&2; exit 2; }
     local status=0
-    # shellcheck disable=SC2046
     mpirun -n "$DEVICE_NUM" --output-filename "$OUTPUT_DIR/logs/mpirun" --merge-stderr-to-stdout \
-        "$PYTHON" "$REPO_ROOT/train.py" $(train_args) "${EXTRA_ARGS[@]}" || status=$?
+        "$PYTHON" "$REPO_ROOT/train.py" "${TRAIN_ARGS[@]}" || status=$?
     [[ $status -eq 0 ]] || fail_with_logs "$status" "$OUTPUT_DIR"/logs/mpirun/*/rank.*/stdout
     echo "training done; rank 0 outputs in $OUTPUT_DIR, logs in $OUTPUT_DIR/logs"
 }
 
 launch() {
+    # $ALLOWED_LAUNCHERS: the launchers the calling script supports (space-separated)
+    [[ " ${ALLOWED_LAUNCHERS:-msrun} " == *" $LAUNCHER "* ]] || {
+        echo "error: launcher $LAUNCHER is not available for $DEVICE_TARGET (use: ${ALLOWED_LAUNCHERS:-msrun})" >&2
+        exit 2
+    }
+    build_train_args
     case "$LAUNCHER" in
         msrun) run_msrun ;;
         rank_table) run_rank_table ;;

@@ -8,6 +8,7 @@ DEVICE_TARGET=Ascend
 DEFAULT_DEVICE_NUM=8
 LAUNCHER_HELP="  --rank_table_file F   launch one process per device from an HCCL rank table (else msrun);
                         also read from the RANK_TABLE_FILE environment variable"
+ALLOWED_LAUNCHERS="msrun rank_table"
 source "$(dirname "$0")/launch_lib.sh"
 parse_launch_args "$@"
 [[ -n "$RANK_TABLE_FILE" ]] && LAUNCHER=rank_table

@@ -8,7 +8,7 @@ set -euo pipefail
 DEVICE_TARGET=CPU
 DEFAULT_DEVICE_NUM=2
 LAUNCHER_HELP=""
+ALLOWED_LAUNCHERS="msrun"
 source "$(dirname "$0")/launch_lib.sh"
 parse_launch_args "$@"
-[[ "$LAUNCHER" == msrun ]] || { echo "error: CPU training launches with msrun" >&2; exit 2; }
 launch

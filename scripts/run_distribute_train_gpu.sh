@@ -6,6 +6,7 @@ set -euo pipefail
 DEVICE_TARGET=GPU
 DEFAULT_DEVICE_NUM=8
 LAUNCHER_HELP="  --launcher L          msrun (default) or mpirun"
+ALLOWED_LAUNCHERS="msrun mpirun"
 source "$(dirname "$0")/launch_lib.sh"
 parse_launch_args "$@"
 launch

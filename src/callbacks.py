@@ -26,12 +26,18 @@ def step_status(net_outputs):
     return "ok" if math.isfinite(loss_value(net_outputs)) else "nonfinite"
 
 
-def atomic_save_checkpoint(net, path):
+def atomic_save_checkpoint(net, path, append_dict=None):
     """Save ``net`` to ``path`` through a temporary file and a rename, so that a crash never
-    leaves a truncated checkpoint under the final name."""
+    leaves a truncated checkpoint under the final name.
+
+    Args:
+        net (nn.Cell): Network (or training cell) whose parameters are saved.
+        path (str): Final ``.ckpt`` path.
+        append_dict (dict, optional): Extra int/float entries stored in the file.
+    """
     # save_checkpoint appends ".ckpt" to names without it: keep the suffix on the temp name.
     tmp = os.path.splitext(path)[0] + ".partial.ckpt"
-    ms.save_checkpoint(net, tmp)
+    ms.save_checkpoint(net, tmp, append_dict=append_dict)
     os.replace(tmp, path)
 
 
@@ -139,8 +145,8 @@ class TrainMonitor(Callback):
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
-        if self.nonfinite_step:
-            return
+        if self.nonfinite_step or self.global_step % self.steps_per_epoch:
+            return  # stopped mid-epoch (signal, non-finite loss): no epoch record, no eval
         seconds = time.time() - self.epoch_start
         record = {"epoch": cb.cur_epoch_num, "step": self.global_step,
                   "loss": float(sum(self.epoch_losses) / len(self.epoch_losses))

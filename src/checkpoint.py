@@ -46,7 +46,7 @@ def _is_training_state(name):
     # Model.train checkpoints also hold the optimizer's state and counters.
     return name.startswith(("moments.", "accum.", "learning_rate", "global_step", "momentum",
                             "scale_sense", "current_iterator_step", "epoch_num", "step_num",
-                            "last_overflow_iterator_step"))
+                            "last_overflow_iterator_step", "train_step"))
 
 
 def load_into_network(net, path, drop_mismatched_classifier=False):

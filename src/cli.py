@@ -5,7 +5,8 @@ import sys
 from src.checkpoint import CheckpointMismatchError
 from src.config import ConfigError
 
-USER_ERRORS = (ConfigError, CheckpointMismatchError, FileNotFoundError, KeyError, ValueError)
+USER_ERRORS = (ConfigError, CheckpointMismatchError, FileNotFoundError, FileExistsError,
+               IsADirectoryError, NotADirectoryError, PermissionError, KeyError, ValueError)
 
 
 def run_entry_point(main, argv=None):

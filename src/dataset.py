@@ -34,7 +34,8 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
                       crop_scale=(0.08, 1.0)):
     """Per-image transforms of the ResNet recipe (torchvision / NVIDIA ImageNet).
 
-    Train: random resized crop (scale 0.08-1, aspect ratio 3/4-4/3, bilinear) fused with
+    Train: random resized crop (area ``crop_scale``, default 0.08-1, aspect ratio 3/4-4/3,
+    bilinear) fused with
     the JPEG decode (OpenCV, C++), random horizontal flip, normalize, HWC -> CHW.
     Eval: decode to a PIL image, resize the shorter side to ``eval_resize`` with PIL's
     antialiased bilinear filter, center crop ``image_size``, normalize, HWC -> CHW: the same

@@ -8,11 +8,13 @@ def setup_device(cfg):
     """Set execution mode, backend, device and seed.
 
     Args:
-        cfg (Config): keys ``mode``, ``device_target``, ``device_id``, ``seed``.
+        cfg (Config): keys ``mode``, ``device_target``, ``device_id`` (single-device runs;
+            under ``run_distribute`` the launcher assigns devices), ``seed``.
     """
     ms.set_context(mode=MODES[cfg.mode])
-    if cfg.device_target == "CPU":
-        ms.set_device("CPU")
+    if cfg.device_target == "CPU" or cfg.run_distribute:
+        # distributed: msrun / the rank table (DEVICE_ID) choose each process's device
+        ms.set_device(cfg.device_target)
     else:
         ms.set_device(cfg.device_target, cfg.device_id)
     ms.set_seed(cfg.seed)

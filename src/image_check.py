@@ -29,7 +29,8 @@ class ImageFolderError(ValueError):
 
 
 def is_image_name(name):
-    """Whether the reader takes this file: an image extension, any case."""
+    """Whether the reader takes this file: an image extension, all lower or all upper case
+    (``IMAGE_EXTENSIONS``; MindSpore's ImageFolderDataset matches them case-sensitively)."""
     return os.path.splitext(name)[1] in IMAGE_EXTENSIONS
 
 

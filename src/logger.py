@@ -4,7 +4,8 @@ import sys
 
 
 def get_logger(name, log_file=None, rank=0):
-    """Return a logger printing ``time rank level message`` lines.
+    """Return a logger printing ``time rank level message`` lines; the ``src`` package's
+    loggers write to the same stream and file.
 
     Args:
         name (str): Logger name (the entry point).
@@ -22,4 +23,10 @@ def get_logger(name, log_file=None, rank=0):
     for handler in handlers:
         handler.setFormatter(fmt)
         logger.addHandler(handler)
+    # Warnings of the src.* modules (skipped files, unreadable checkpoints) go to the same places.
+    package = logging.getLogger("src")
+    package.handlers.clear()
+    package.propagate = False
+    for handler in handlers:
+        package.addHandler(handler)
     return logger

@@ -112,12 +112,15 @@ def create_lr(cfg, steps_per_epoch, global_batch_size):
     peak = scale_lr(cfg.base_lr, global_batch_size, cfg.base_lr_batch_size)
     total = cfg.epoch_size * steps_per_epoch
     warmup = min(cfg.warmup_epochs * steps_per_epoch, total)
-    if cfg.lr_schedule == "step":
-        lr = warmup_step_lr(peak, total, warmup, steps_per_epoch, cfg.lr_decay_epochs,
-                            cfg.lr_decay_factor)
-    else:
-        lr = SCHEDULES[cfg.lr_schedule](peak, total, warmup, cfg.lr_end)
-    return lr, peak
+    return SCHEDULES[cfg.lr_schedule](peak, total, warmup, steps_per_epoch, cfg), peak
 
 
-SCHEDULES = {"cosine": warmup_cosine_lr, "linear": warmup_linear_lr, "step": warmup_step_lr}
+# name -> f(peak, total_steps, warmup_steps, steps_per_epoch, cfg): the schedule's own arguments
+SCHEDULES = {
+    "cosine": lambda peak, total, warmup, spe, cfg: warmup_cosine_lr(peak, total, warmup,
+                                                                     cfg.lr_end),
+    "linear": lambda peak, total, warmup, spe, cfg: warmup_linear_lr(peak, total, warmup,
+                                                                     cfg.lr_end),
+    "step": lambda peak, total, warmup, spe, cfg: warmup_step_lr(
+        peak, total, warmup, spe, cfg.lr_decay_epochs, cfg.lr_decay_factor),
+}

@@ -245,7 +245,7 @@ def create_network(net_name, class_num=1000, zero_init_residual=False):
         zero_init_residual (bool): Zero the last BN gamma of every residual block.
 
     Returns:
-        ResNet: the network, in training mode.
+        ResNet: the network (``set_train(False)`` for inference; ``Model`` sets the mode).
 
     Raises:
         KeyError: If ``net_name`` is not a known network; the message lists the valid names.

@@ -1,8 +1,9 @@
 """Checkpoints that resume exactly: saved atomically with the optimizer state, found again
 (``auto``), and restored with the position in the LR schedule and in the data order.
 
-A checkpoint holds the network, the optimizer's momentum buffers and its ``global_step`` (the
-number of steps done, which also indexes the per-step LR array). The data order is restored by
+A checkpoint holds the network, the optimizer's momentum buffers and its ``global_step`` (which
+indexes the per-step LR array), plus ``train_step``, the number of training steps done (under
+loss scaling on GPU/Ascend an overflowed step skips the optimizer, so ``global_step`` lags). The data order is restored by
 building each epoch's pipeline from (seed, epoch) alone (``epoch_seed``) and skipping the
 batches already trained in a partly done epoch.
 """
@@ -16,12 +17,13 @@ import mindspore as ms
 import numpy as np
 from mindspore.train import Callback
 
-from src.callbacks import step_status
+from src.callbacks import atomic_save_checkpoint, step_status
 from src.checkpoint import compare, read_checkpoint
 
 LOGGER = logging.getLogger(__name__)
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
-NOT_RESTORED = ("learning_rate",)  # the LR array comes from the config
+NOT_RESTORED = ("learning_rate", "train_step")  # the LR array comes from the config
+STEP_KEY = "train_step"
 
 
 def epoch_seed(seed, epoch):
@@ -71,7 +73,12 @@ def find_resume_checkpoint(output_dir, prefix, steps_per_epoch):
 
 
 def restore_training_state(net, optimizer, path):
-    """Load network and optimizer state; return the number of steps already done.
+    """Load network and optimizer state; return the number of training steps already done.
+
+    Args:
+        net (nn.Cell): The network.
+        optimizer (nn.Optimizer): Its optimizer (momentum buffers, ``global_step``).
+        path (str): A checkpoint written by ``CheckpointSaver``.
 
     Raises:
         ValueError: If the file is unreadable, lacks optimizer state, or does not fit the
@@ -85,6 +92,7 @@ def restore_training_state(net, optimizer, path):
     if missing or mismatched:
         raise ValueError(f"checkpoint {path} does not fit the network: missing {missing[:5]}, "
                          f"shape mismatch {mismatched[:5]}")
+    steps_done = params[STEP_KEY] if STEP_KEY in params else params["global_step"]
     for name in NOT_RESTORED:
         params.pop(name, None)
     ms.load_param_into_net(net, params, strict_load=True)
@@ -92,7 +100,8 @@ def restore_training_state(net, optimizer, path):
     state = [n for n in not_loaded if n.startswith(("moments.", "global_step"))]
     if state:
         raise ValueError(f"checkpoint {path} lacks optimizer state {state[:5]}")
-    return int(params["global_step"].asnumpy().reshape(-1)[0])
+    return int(np.asarray(steps_done.asnumpy() if hasattr(steps_done, "asnumpy")
+                          else steps_done).reshape(-1)[0])
 
 
 class CheckpointSaver(Callback):
@@ -168,7 +177,10 @@ class CheckpointSaver(Callback):
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
-        if self.failed or self.signal_received:
+        if self.signal_received and not self.failed:
+            self.save(cb.train_network)  # the signal came after the last step (e.g. in eval)
+            return
+        if self.failed:
             return
         at_epoch_end = self.global_step % self.steps_per_epoch == 0
         epoch = self.global_step // self.steps_per_epoch
@@ -186,9 +198,7 @@ class CheckpointSaver(Callback):
             LOGGER.error("not saving %s: non-finite parameters after global step %d", path,
                          self.global_step)
             return
-        tmp = os.path.splitext(path)[0] + ".partial.ckpt"
-        ms.save_checkpoint(train_network, tmp)
-        os.replace(tmp, path)
+        atomic_save_checkpoint(train_network, path, {STEP_KEY: self.global_step})
         self.last_saved = path
         for old in periodic_checkpoints(self.output_dir, self.prefix,
                                         self.steps_per_epoch)[self.keep_max:]:

@@ -12,7 +12,8 @@ from src.image_check import ImageFolderError, check_image_folder
 from src.resnet import create_network
 from tests.helpers import copy_class_folders, run_entry
 
-COMMON = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1"]
+COMMON = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
+          "--run_eval", "false"]
 SAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "cifar10_sample", "train")
 
 
@@ -103,7 +104,9 @@ def test_png_cmyk_greyscale_decode_and_gif_is_skipped(folder, shared_data):
                        "--eval_data_path", folder, "--run_eval", "true", "--epoch_size", "1",
                        "--batch_size", "2", "--output_dir", out, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "skipping 1 files that are not images" in result.stderr and "anim.gif" in result.stderr
+    # the warning goes through the train logger: stdout and train.log
+    assert "skipping 1 files that are not images" in result.stdout and "anim.gif" in result.stdout
+    assert "anim.gif" in open(os.path.join(out, "train.log")).read()
     assert "(global 5)" in result.stdout  # 4 + 3 cat images and 5 dog images, batch 2: 5 steps
 
 
@@ -122,7 +125,8 @@ def r18_1000(tmp_path_factory):
     ("predict.py", ["--image_path", os.path.join(SAMPLE, "cat", "0000.jpg")]),
 ])
 def test_checkpoint_of_another_depth_or_class_count(script, args, r18_1000):
-    depth = error_of(script, "--net_name", "resnet34", "--checkpoint_path", r18_1000, *args)
+    depth = error_of(script, "--net_name", "resnet34", "--class_num", "10", "--checkpoint_path",
+                     r18_1000, *args)
     assert "does not fit the network" in depth and "layer1.2" in depth
     classes = error_of(script, "--net_name", "resnet18", "--class_num", "10",
                        "--checkpoint_path", r18_1000, *args)
@@ -155,6 +159,10 @@ def test_model_files_that_do_not_exist(tmp_path):
     ("base_lr", "-0.1", "base_lr must be positive"),
     ("batch_size", "1000", "0 full batches of batch_size 1000"),
     ("batch_sise", "8", "unrecognized arguments: --batch_sise"),
+    ("base_lr_batch_size", "0", "base_lr_batch_size must be a positive integer"),
+    ("warmup_epochs", "-1", "warmup_epochs must be 0 or positive"),
+    ("train_crop_scale", "0.5", "train_crop_scale must be [min, max]"),
+    ("train_crop_scale", "0.9,0.2", "train_crop_scale must be [min, max]"),
     ("epoch_size", "ten", "'epoch_size' expects an integer, got 'ten'"),
 ])
 def test_bad_values_name_the_key(folder, key, value, expected):
@@ -175,3 +183,32 @@ def test_short_cifar10_binary_file_is_named(tmp_path):
     message = error_of("train.py", "--config_path", "configs/quick_start.yaml", "--dataset",
                        "cifar10", "--data_path", tmp_path)
     assert "data_batch_3.bin (30730 bytes)" in message and "10000 records of 3073 bytes" in message
+
+
+def test_predict_counts_must_be_positive(r18_1000):
+    for key in ("top_k", "batch_size"):
+        message = error_of("predict.py", "--net_name", "resnet18", "--checkpoint_path", r18_1000,
+                           "--image_path", SAMPLE, f"--{key}", "0")
+        assert f"{key} must be a positive integer, got 0" in message
+
+
+def test_eval_folders_must_match_the_classes(folder, tmp_path):
+    message = error_of("eval.py", *COMMON, "--checkpoint_path", tmp_path / "unused.ckpt",
+                       "--data_path", folder)  # 2 class folders, class_num 10
+    assert "has 2 class folders but class_num is 10" in message
+    other = copy_class_folders(SAMPLE, str(tmp_path / "other"), 2, classes=["cat", "frog"])
+    message = train_error(folder, "--run_eval", "true", "--eval_data_path", other)
+    assert "has other class folders than data_path" in message
+
+
+def test_converter_names_an_unreadable_file(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "broken.pth"
+    bad.write_bytes(b"not a torch file")
+    tool = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools",
+                        "convert_torch_checkpoint.py")
+    result = subprocess.run([sys.executable, tool, str(bad), str(tmp_path / "x.ckpt")],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2 and "cannot read" in result.stderr and "broken.pth" in result.stderr
+    assert "Traceback" not in result.stderr

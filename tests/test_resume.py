@@ -87,6 +87,9 @@ def test_signal_saves_stops_and_resumes_exactly(cifar_small, uninterrupted, tmp_
     assert reported and code == 128 + getattr(signal, reported[0]), stdout[-2000:]
     assert "--resume_ckpt auto" in stdout
     step = int(stdout.split(f"stopped by {reported[0]} at global step ")[1].split(",")[0])
+    metrics = os.path.join(out, "metrics.jsonl")
+    records = open(metrics).readlines() if os.path.exists(metrics) else []
+    assert all('"step": 10' in r or '"step": 20' in r for r in records)  # whole epochs only
     assert step in saved_steps(out) and step < 30
     resumed = subprocess.run(train_cmd(cifar_small["train"], out, "--resume_ckpt", "auto"),
                              cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)

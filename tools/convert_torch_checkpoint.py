@@ -133,7 +133,7 @@ def torch_state_to_ms_arrays(state_dict, source="state_dict"):
     """
     state_dict = unwrap_state_dict(state_dict)
     mapping = torch_to_ms_names(list(state_dict))
-    arrays = {ms_name: state_dict[t_name].detach().cpu().numpy()
+    arrays = {ms_name: state_dict[t_name].detach().cpu().float().numpy()
               for t_name, ms_name in mapping.items()}
     check_against_network(arrays, source)
     return arrays
@@ -175,6 +175,7 @@ def load_ms_arrays(path):
 
 def convert(src, dst):
     """Convert ``src`` to ``dst``; the direction follows the suffixes. Returns a summary line.
+    Weights are written as float32 (fp16/bf16 torch weights are widened, losslessly).
 
     Raises:
         FileNotFoundError: If ``src`` does not exist.
@@ -189,12 +190,20 @@ def convert(src, dst):
     if not os.path.isfile(src):
         raise FileNotFoundError(f"input not found: {src}")
     if to_ms:
-        arrays = torch_state_to_ms_arrays(torch.load(src, map_location="cpu", weights_only=True),
-                                          src)
+        try:
+            loaded = torch.load(src, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001  (pickle, zip and torch errors alike)
+            raise ConversionError(f"cannot read {src} as a torch file: "
+                                  f"{str(err).splitlines()[0]}") from err
+        arrays = torch_state_to_ms_arrays(loaded, src)
         save_ms_checkpoint(arrays, dst)
         count = len(arrays)
     else:
-        arrays = load_ms_arrays(src)
+        try:
+            arrays = load_ms_arrays(src)
+        except (ValueError, RuntimeError, OSError) as err:
+            raise ConversionError(f"cannot read {src} as a MindSpore checkpoint: "
+                                  f"{str(err).splitlines()[0]}") from err
         state = ms_arrays_to_torch_state(arrays, src)
         tmp = dst + ".partial"
         torch.save(state, tmp)
