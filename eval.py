@@ -32,9 +32,10 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0])
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the evaluation data folder")
-    if cfg.dataset == "imagefolder" and len(class_names_of(cfg.data_path)) != cfg.class_num:
-        raise ConfigError(f"data_path {cfg.data_path} has {len(class_names_of(cfg.data_path))} "
-                          f"class folders but class_num is {cfg.class_num}")
+    folders = len(class_names_of(cfg.data_path)) if cfg.dataset == "imagefolder" else cfg.class_num
+    if folders != cfg.class_num:
+        raise ConfigError(f"data_path {cfg.data_path} has {folders} class folders but class_num "
+                          f"is {cfg.class_num}")
     setup_device(cfg)
 
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,

@@ -18,12 +18,17 @@ def loss_value(net_outputs):
 
 
 def step_status(net_outputs):
-    """Classify a step from ``cb_params.net_outputs``: ``"ok"``, ``"overflow"`` (loss scaling
-    detected an overflow and skipped the update) or ``"nonfinite"`` (a NaN/inf loss in fp32)."""
+    """Classify a step from ``cb_params.net_outputs``.
+
+    Returns:
+        tuple(str, float): ``"ok"``, ``"overflow"`` (loss scaling detected an overflow and
+        skipped the update) or ``"nonfinite"`` (a NaN/inf loss in fp32); and the loss.
+    """
+    loss = loss_value(net_outputs)
     if isinstance(net_outputs, (tuple, list)) and len(net_outputs) > 1 and bool(
             net_outputs[1].asnumpy()):
-        return "overflow"
-    return "ok" if math.isfinite(loss_value(net_outputs)) else "nonfinite"
+        return "overflow", loss
+    return ("ok" if math.isfinite(loss) else "nonfinite"), loss
 
 
 def atomic_save_checkpoint(net, path, append_dict=None):
@@ -31,7 +36,8 @@ def atomic_save_checkpoint(net, path, append_dict=None):
     leaves a truncated checkpoint under the final name.
 
     Args:
-        net (nn.Cell): Network (or training cell) whose parameters are saved.
+        net (nn.Cell or list): Network (or training cell) whose parameters are saved, or a
+            list of ``{"name": str, "data": Tensor}`` as ``mindspore.save_checkpoint`` takes.
         path (str): Final ``.ckpt`` path.
         append_dict (dict, optional): Extra int/float entries stored in the file.
     """
@@ -115,11 +121,10 @@ class TrainMonitor(Callback):
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
         self.global_step += 1
-        status = step_status(cb.net_outputs)
+        status, loss = step_status(cb.net_outputs)
         if status == "overflow":
             self.overflow_steps += 1
             return
-        loss = loss_value(cb.net_outputs)
         if status == "nonfinite":
             self.nonfinite_step = self.global_step
             self.logger.error("non-finite loss %s at global step %d (epoch %d): stopping; the "

@@ -1,5 +1,6 @@
 """MindSpore context setup for the entry points, from a resolved config."""
 import mindspore as ms
+from mindspore.train import FixedLossScaleManager
 
 MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
 
@@ -95,8 +96,6 @@ def loss_scale_setup(cfg, amp_level):
     precision: MindSpore supports only a fixed scale without overflow detection there, so the
     optimizer divides it out and a non-finite loss stops training instead.
     """
-    from mindspore.train import FixedLossScaleManager
-
     if amp_level == "O0":
         return None, 1.0
     if cfg.device_target == "CPU":

@@ -15,6 +15,7 @@ import re
 from PIL import Image
 
 LOGGER = logging.getLogger(__name__)
+_CHECKED = {}  # realpath -> (class names, whether file contents were checked)
 # What the reader takes (MindSpore matches extensions case-sensitively).
 IMAGE_EXTENSIONS = [".jpg", ".jpeg", ".png", ".bmp", ".JPG", ".JPEG", ".PNG", ".BMP"]
 SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM")
@@ -65,6 +66,9 @@ def _listing(text, paths):
 def check_image_folder(data_path, check_content=True):
     """Check an ImageFolder root; return its class names in label order.
 
+    A folder is checked once per process (a content check also covers later layout-only
+    calls), so per-epoch pipelines neither rescan it nor repeat the warning.
+
     Files that are not images by extension (.txt, .DS_Store, .gif, ...) are skipped by the
     reader: one warning names them with their count. Greyscale, CMYK and PNG images decode to RGB.
 
@@ -82,6 +86,9 @@ def check_image_folder(data_path, check_content=True):
     """
     if not os.path.isdir(data_path):
         raise FileNotFoundError(f"data_path {data_path!r} is not a folder")
+    key = os.path.realpath(data_path)
+    if key in _CHECKED and (_CHECKED[key][1] or not check_content):
+        return list(_CHECKED[key][0])
     classes = sorted(e.name for e in os.scandir(data_path) if e.is_dir())
     if not classes:
         raise FileNotFoundError(f"data_path {data_path!r} holds no class folders: expected one "
@@ -111,6 +118,7 @@ def check_image_folder(data_path, check_content=True):
     if skipped:
         LOGGER.warning(_listing(f"skipping {len(skipped)} files that are not images "
                                 f"({', '.join(IMAGE_EXTENSIONS[:4])})", skipped))
+    _CHECKED[key] = (tuple(classes), check_content)
     return classes
 
 

@@ -22,8 +22,8 @@ from src.checkpoint import compare, read_checkpoint
 
 LOGGER = logging.getLogger(__name__)
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
-NOT_RESTORED = ("learning_rate", "train_step")  # the LR array comes from the config
 STEP_KEY = "train_step"
+NOT_RESTORED = ("learning_rate", STEP_KEY)  # the LR array comes from the config
 
 
 def epoch_seed(seed, epoch):
@@ -100,8 +100,7 @@ def restore_training_state(net, optimizer, path):
     state = [n for n in not_loaded if n.startswith(("moments.", "global_step"))]
     if state:
         raise ValueError(f"checkpoint {path} lacks optimizer state {state[:5]}")
-    return int(np.asarray(steps_done.asnumpy() if hasattr(steps_done, "asnumpy")
-                          else steps_done).reshape(-1)[0])
+    return int(steps_done.asnumpy().reshape(-1)[0])
 
 
 class CheckpointSaver(Callback):
@@ -166,7 +165,7 @@ class CheckpointSaver(Callback):
         if not self._handlers_installed:
             self._install_signal_handlers()
         self.global_step += 1
-        if self.failed or step_status(cb.net_outputs) == "nonfinite":
+        if self.failed or step_status(cb.net_outputs)[0] == "nonfinite":
             self.failed = True
             return
         if self.signal_received:

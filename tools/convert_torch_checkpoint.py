@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from src.callbacks import atomic_save_checkpoint  # noqa: E402
 from src.checkpoint import compare  # noqa: E402
 from src.resnet import create_network  # noqa: E402
 
@@ -161,9 +162,7 @@ def save_ms_checkpoint(arrays, path):
     """Write ``{name: array}`` as a MindSpore checkpoint (via a temporary file + rename)."""
     import mindspore as ms
 
-    tmp = os.path.splitext(path)[0] + ".partial.ckpt"
-    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in arrays.items()], tmp)
-    os.replace(tmp, path)
+    atomic_save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in arrays.items()], path)
 
 
 def load_ms_arrays(path):
