@@ -5,6 +5,7 @@ import mindspore as ms
 import numpy as np
 
 from src.checkpoint import load_into_network
+from src.config import ConfigError
 from src.dataset import create_transforms
 from src.image_check import IMAGE_EXTENSIONS
 from src.resnet import create_network
@@ -93,6 +94,74 @@ def load_onnx(path):
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return lambda images: session.run(None, {name: images})[0]
+
+
+def batched(forward, batch_size, kind, path):
+    """``forward`` (numpy -> numpy) for an exported model that takes exactly ``batch_size``
+    images: any number of images, run in chunks of ``batch_size`` (the last zero-padded, the
+    padding dropped from the result).
+
+    Raises:
+        ValueError: If the model rejects the input (names the file and the expected shape).
+    """
+    def run(images):
+        outputs = []
+        for start in range(0, len(images), batch_size):
+            chunk = images[start:start + batch_size]
+            pad = batch_size - len(chunk)
+            if pad:
+                chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
+            try:
+                outputs.append(forward(chunk)[:batch_size - pad])
+            except Exception as err:  # noqa: BLE001  (MindSpore, ONNX Runtime: own types)
+                raise ValueError(f"{kind} {path} rejected input of shape {chunk.shape}: pass the "
+                                 f"--batch_size and --image_size it was exported with "
+                                 f"({str(err).splitlines()[0]})") from err
+        return np.concatenate(outputs)
+    return run
+
+
+def _checkpoint_predictor(cfg):
+    net = load_network(cfg)
+    step = cfg.batch_size
+    return lambda images: np.concatenate([net(ms.Tensor(images[i:i + step])).asnumpy()
+                                          for i in range(0, len(images), step)])
+
+
+def _mindir_predictor(cfg):
+    graph = load_mindir(cfg.checkpoint_path)
+    return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), cfg.batch_size, "MindIR",
+                   cfg.checkpoint_path)
+
+
+def _onnx_predictor(cfg):
+    return batched(load_onnx(cfg.checkpoint_path), cfg.batch_size, "ONNX model",
+                   cfg.checkpoint_path)
+
+
+PREDICTORS = {".ckpt": _checkpoint_predictor, ".mindir": _mindir_predictor,
+              ".onnx": _onnx_predictor}
+
+
+def load_predictor(cfg):
+    """The model in ``cfg.checkpoint_path`` as a function: float32 numpy images (N, 3,
+    image_size, image_size), preprocessed as in eval -> float32 numpy logits (N, class_num).
+
+    ``.ckpt``: ``cfg.net_name`` / ``cfg.class_num``, run in batches of at most
+    ``cfg.batch_size``. ``.mindir``:
+    ``nn.GraphCell``; ``.onnx``: ONNX Runtime. Exported models take exactly the batch size
+    they were exported with: give it as ``cfg.batch_size``; any N is run in such chunks.
+
+    Raises:
+        ValueError: If the suffix is none of these (a ``ConfigError`` naming the file).
+        FileNotFoundError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
+            ``load_onnx``.
+    """
+    suffix = os.path.splitext(cfg.checkpoint_path)[1]
+    if suffix not in PREDICTORS:
+        raise ConfigError(f"checkpoint_path {cfg.checkpoint_path!r}: expected a "
+                          f"{', '.join(PREDICTORS)} file")
+    return PREDICTORS[suffix](cfg)
 
 
 def softmax(logits):

@@ -95,6 +95,47 @@ def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, tmp_path):
         assert np.abs(got - expected).max() <= 1e-4 * scale, fmt
 
 
+def test_folding_is_optional_and_both_exports_match(trained, tmp_path):
+    images = preprocess_images(list_images(trained["test"])[:4], 32, 32)
+    expected = checkpoint_logits(trained["ckpt"], images)
+    sizes = {}
+    for fold in ("true", "false"):
+        name = str(tmp_path / f"r18_fold_{fold}")
+        out = check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+                              "--file_format", "ONNX", "--file_name", name, "--batch_size", "4",
+                              "--fold_bn", fold)).stdout
+        assert ("20 BatchNorms folded" in out) == (fold == "true")
+        import onnx
+        ops = [node.op_type for node in onnx.load(name + ".onnx").graph.node]
+        sizes[fold] = ops.count("BatchNormalization")
+        import onnxruntime as ort
+        got = ort.InferenceSession(name + ".onnx", providers=["CPUExecutionProvider"]).run(
+            ["logits"], {"image": images})[0]
+        assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max(), fold
+    assert sizes == {"true": 0, "false": 20}
+
+
+def test_eval_of_exported_models_equals_the_checkpoint(trained, tmp_path):
+    reports = {}
+    for fmt, suffix in (("CKPT", ".ckpt"), ("MINDIR", ".mindir"), ("ONNX", ".onnx")):
+        path = trained["ckpt"]
+        if fmt != "CKPT":
+            path = str(tmp_path / f"r18_b7_{fmt}")
+            check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+                            "--file_format", fmt, "--file_name", path, "--batch_size", "7"))
+            path += suffix
+        out = str(tmp_path / f"eval_{fmt}")
+        check(run_entry("eval.py", *COMMON, "--checkpoint_path", path, "--data_path",
+                        trained["test"], "--batch_size", "7", "--output_dir", out))
+        reports[fmt] = json.load(open(os.path.join(out, "eval_result.json")))
+    # 30 images = 4 x 7 + 2: the exported models get the last batch zero-padded to 7
+    for fmt in ("MINDIR", "ONNX"):
+        assert reports[fmt]["images"] == 30
+        assert reports[fmt]["top1"] == reports["CKPT"]["top1"], fmt
+        assert reports[fmt]["top5"] == reports["CKPT"]["top5"], fmt
+        assert abs(reports[fmt]["loss"] - reports["CKPT"]["loss"]) < 1e-4, fmt
+
+
 def test_export_air_off_ascend_is_a_clear_error(trained):
     result = run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
                        "--file_format", "AIR")
