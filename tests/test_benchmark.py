@@ -37,6 +37,21 @@ def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path
     assert rows["ours: ONNX (BN folded) in ONNX Runtime"].count("x |") == 1
     assert "x |" not in rows["PyTorch NCHW"]
     assert "Data pipeline alone:" in table and "fp32 limit" in table
+    # a saved run is reported again, identically, without measuring
+    again = run_entry("benchmarks/cpu_benchmark.py", "--from_json",
+                      tmp_path / "cpu_benchmark.json", "--output_dir", tmp_path / "again")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert open(tmp_path / "again" / "cpu_benchmark.md").read() == table
+
+
+def test_onednn_breakdown_reports_convolution_time():
+    result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
+                       "--batch_size", "2", "--image_size", "32")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| convolution")]
+    passes = {row.split(" | ")[2] for row in rows}
+    assert passes == {"forward_training", "backward_data", "backward_weights"}, rows
+    assert "MindSpore's own kernels and runtime" in result.stdout
 
 
 def test_update_readme_replaces_only_the_marked_block(tmp_path):
