@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the requirements (with the PyTorch reference) into .venv and run the CPU benchmark:
-# ours vs PyTorch, ResNet-50, batch 32, 224 px, about 30 minutes on 2 cores.
+# ours vs PyTorch, ResNet-50, batch 32, 224 px, about 40 minutes on 2 cores.
 # Needs ../shared/data/imagenet_sample (or --data_path) beside the repository.
 #   bash scripts/run_benchmark.sh [--update_readme] [benchmarks/cpu_benchmark.py arguments]
 set -euo pipefail

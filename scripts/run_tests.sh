@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the requirements into .venv and run the test suite (CPU, about 5-6 minutes on 2 cores).
+# Install the requirements into .venv and run the test suite (CPU, about 8-9 minutes on 2 cores).
 # Needs the real test images in ../shared/data beside the repository.
 #   bash scripts/run_tests.sh [pytest arguments]
 set -euo pipefail
