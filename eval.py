@@ -33,12 +33,19 @@ from src.loss import CrossEntropySmooth  # noqa: E402
 def evaluate(predict, dataset, cfg):
     """Top-1, top-5 and the mean per-batch loss (label-smoothed cross-entropy, as in
     training) of ``predict`` (numpy images -> numpy logits) over every batch of ``dataset``,
-    with MindSpore's metric classes (as ``Model.eval`` computes them)."""
+    with MindSpore's metric classes (as ``Model.eval`` computes them).
+
+    Raises:
+        ConfigError: If the model's class count is not ``cfg.class_num``.
+    """
     metrics = {"top1": nn.Top1CategoricalAccuracy(),
                "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num)), "loss": nn.Loss()}
     loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
     for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
         logits = predict(images)
+        if logits.shape[1] != cfg.class_num:
+            raise ConfigError(f"{cfg.checkpoint_path} outputs {logits.shape[1]} classes but "
+                              f"class_num is {cfg.class_num}")
         metrics["top1"].update(logits, labels)
         metrics["top5"].update(logits, labels)
         metrics["loss"].update(loss_fn(ms.Tensor(logits), ms.Tensor(labels)))

@@ -134,6 +134,13 @@ def test_eval_of_exported_models_equals_the_checkpoint(trained, tmp_path):
         assert reports[fmt]["top1"] == reports["CKPT"]["top1"], fmt
         assert reports[fmt]["top5"] == reports["CKPT"]["top5"], fmt
         assert abs(reports[fmt]["loss"] - reports["CKPT"]["loss"]) < 1e-4, fmt
+    # an exported 10-class model evaluated as another class count: the file is named
+    five = copy_class_folders(trained["test"], str(tmp_path / "five"), 3,
+                              classes=sorted(os.listdir(trained["test"]))[:5])
+    result = run_entry("eval.py", *COMMON, "--checkpoint_path", path, "--data_path", five,
+                       "--class_num", "5", "--batch_size", "7")
+    assert result.returncode == 2
+    assert f"{path} outputs 10 classes but class_num is 5" in result.stderr
 
 
 def test_export_air_off_ascend_is_a_clear_error(trained):
