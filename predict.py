@@ -8,7 +8,7 @@ Images are preprocessed as in eval (resize eval_resize, center crop image_size, 
 normalization). Class names: --class_names_path, else class_names.txt next to the checkpoint
 (written by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000.
 A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size.
-ONNX files run in ONNX Runtime (``pip install onnxruntime``, an optional dependency).
+ONNX files run in ONNX Runtime (in requirements.txt; the fastest on CPU).
 """
 from src.env import set_cpu_fast_path
 

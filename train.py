@@ -71,10 +71,10 @@ def resume_checkpoint_path(cfg, steps_per_epoch, log):
 
 def epoch_dataset(cfg, epoch, skip_steps, data_args, shards):
     """The training pipeline of ``epoch``, seeded from (seed, epoch), first ``skip_steps``
-    batches skipped (they are still read, so random augmentation stays in step)."""
+    batches skipped (they are still read, so random augmentation stays in step). The image
+    check ran when the first pipeline was built (``src.image_check`` checks a folder once)."""
     ds.config.set_seed(epoch_seed(cfg.seed, epoch))
-    data = create_dataset(cfg.data_path, is_training=True, **dict(data_args, check_images=False),
-                          **shards)
+    data = create_dataset(cfg.data_path, is_training=True, **data_args, **shards)
     return data.skip(skip_steps) if skip_steps else data
 
 

@@ -20,8 +20,12 @@ rounds. Cases:
   "% of fp32 limit" column is img/s x FLOPs per image (torch's FlopCounterMode, forward x3 for
   a train step) over the faster GEMM's FLOP/s.
 
-Speed is reported as ratios ours / PyTorch measured in the same run; absolute img/s on a shared
-machine are noise. Writes ``--output_dir``/``cpu_benchmark.md`` and ``cpu_benchmark.json``.
+Our cases run with the oneDNN ISA cap of the entry points (``src/env.py``: AVX2) unless
+``ONEDNN_MAX_CPU_ISA`` is set for the harness; PyTorch's cases always get oneDNN's own choice.
+``ONEDNN_MAX_CPU_ISA=ALL python benchmarks/cpu_benchmark.py --cases ms_train_step,ms_infer_ckpt``
+measures what the cap buys. Speed is reported as ratios ours / PyTorch measured in the same
+run; absolute img/s on a shared machine are noise. Writes ``--output_dir``/``cpu_benchmark.md``
+and ``cpu_benchmark.json``.
 Needs requirements-dev.txt (torch for the reference, onnx for the GEMM graph).
 """
 import argparse
@@ -105,12 +109,15 @@ def random_batch(args):
     return images.astype(np.float32), rng.integers(0, args.class_num, args.batch_size, np.int32)
 
 
-def ms_model(args, net):
-    """``Model`` with the training recipe's loss and optimizer (fp32, as on CPU)."""
+def ms_model(args):
+    """``Model`` of a new network with the training recipe's loss and optimizer (fp32, as on
+    CPU), as train.py builds it."""
     from mindspore.train import Model
 
     from src.loss import CrossEntropySmooth
     from src.optimizer import create_optimizer
+    from src.resnet import create_network
+    net = create_network(args.net_name, args.class_num)
     optimizer = create_optimizer(net, 0.1, 0.875, 3.0517578125e-05)
     return Model(net, loss_fn=CrossEntropySmooth(0.1, args.class_num), optimizer=optimizer,
                  amp_level="O0")
@@ -119,15 +126,7 @@ def ms_model(args, net):
 def ms_train_step(args):
     """One optimizer step of the network ``Model`` trains (forward, backward, momentum)."""
     ms = ms_setup()
-    from mindspore.train.amp import build_train_network
-
-    from src.loss import CrossEntropySmooth
-    from src.optimizer import create_optimizer
-    from src.resnet import create_network
-    net = create_network(args.net_name, args.class_num)
-    optimizer = create_optimizer(net, 0.1, 0.875, 3.0517578125e-05)
-    step = build_train_network(net, optimizer, CrossEntropySmooth(0.1, args.class_num),
-                               level="O0")
+    step = ms_model(args).train_network
     step.set_train(True)
     images, labels = (ms.Tensor(a) for a in random_batch(args))
     return lambda: step(images, labels).asnumpy() is not None and args.batch_size
@@ -142,7 +141,6 @@ def ms_train_loop(args, sink=False):
     from mindspore.train import Callback
 
     from src.dataset import create_dataset
-    from src.resnet import create_network
 
     class Clock(Callback):
         """Wall-clock time at the start and after every ``loop_steps`` steps."""
@@ -165,7 +163,7 @@ def ms_train_loop(args, sink=False):
     data = create_dataset(args.data_path, is_training=True, batch_size=args.batch_size,
                           image_size=args.image_size, num_parallel_workers=args.threads)
     data = data.repeat(-(-batches // data.get_dataset_size())).take(batches)
-    model = ms_model(args, create_network(args.net_name, args.class_num))
+    model = ms_model(args)
     clock = Clock()
     if sink:
         model.train(epochs, data, callbacks=[clock], dataset_sink_mode=True,
@@ -464,7 +462,9 @@ def markdown(args, results, limits, environment):
     """The result table (Markdown) and the data-pipeline line."""
     ref_names = ["NCHW", "channels_last", "channels_last + compile"]
     lines = [f"{args.net_name}, batch {args.batch_size}, {args.image_size} px, fp32, "
-             f"{args.threads} threads, {environment['cpu']}; median over {args.rounds} rounds "
+             f"{args.threads} threads, {environment['cpu']}, ours with ONEDNN_MAX_CPU_ISA="
+             f"{environment.get('mindspore_onednn_isa', 'AVX2')}; median over {args.rounds} "
+             f"rounds "
              f"x {args.steps} timed calls; MindSpore {environment['mindspore']}, PyTorch "
              f"{environment['torch']}, ONNX Runtime {environment['onnxruntime']}.", "",
              "| | case | img/s | range over rounds | " + " | ".join(
@@ -479,9 +479,9 @@ def markdown(args, results, limits, environment):
             lines.append(f"| {kind} | {label} | failed: {result['error'][:200]} |||||||")
             continue
         ratios = []
+        ours = name.startswith(("ms_", "ort_"))
         for ref in TORCH_REFERENCES[kind]:
             ref_rate = results.get(ref, {}).get("rate")
-            ours = name.startswith(("ms_", "ort_"))
             ratios.append(f"{result['rate'] / ref_rate:.2f}x" if ours and ref_rate else "")
         limit = f"{100 * result['rate'] / limits[kind]:.0f}%" if limits else ""
         lines.append(f"| {kind} | {label} | {result['rate']:.2f} | {result['rate_min']:.2f}"
@@ -517,6 +517,7 @@ def environment_info():
     except (OSError, AttributeError):
         pass
     return {"cpu": cpu, "python": platform.python_version(),
+            "mindspore_onednn_isa": os.environ.get(ISA_VAR, "AVX2"),
             "mindspore": version("mindspore"), "torch": version("torch"),
             "onnxruntime": version("onnxruntime")}
 

@@ -148,8 +148,8 @@ def _cifar10_binary(data_path, is_training, check_images, **kwargs):
     if missing:
         raise FileNotFoundError(f"CIFAR-10 binary folder {data_path!r} lacks {missing}")
     expected = CIFAR10_RECORDS_PER_FILE * CIFAR10_RECORD_BYTES
-    short = [f"{n} ({os.path.getsize(os.path.join(data_path, n))} bytes)" for n in names
-             if os.path.getsize(os.path.join(data_path, n)) != expected]
+    sizes = {n: os.path.getsize(os.path.join(data_path, n)) for n in names}
+    short = [f"{n} ({size} bytes)" for n, size in sizes.items() if size != expected]
     if short:
         raise ValueError(f"CIFAR-10 binary folder {data_path!r}: {', '.join(short)}; each file "
                          f"must hold {CIFAR10_RECORDS_PER_FILE} records of {CIFAR10_RECORD_BYTES}"

@@ -2,7 +2,8 @@
 
 MindSpore 2.10's oneDNN build picks a reference (very slow) kernel for NCHW convolutions on
 AVX-512 CPUs; capping oneDNN at AVX2 selects the JIT kernels (ResNet-50 training measured
-0.18 -> 6.4 img/s at batch 32, 224 px). ``benchmarks/cpu_isa.py`` measures it.
+0.18 -> 6.4 img/s at batch 32, 224 px). ``benchmarks/cpu_benchmark.py`` measures it (run it
+with ``ONEDNN_MAX_CPU_ISA=ALL`` set).
 """
 import os
 

@@ -97,14 +97,14 @@ def check_image_folder(data_path, check_content=True):
     for cls in classes:
         folder = os.path.join(data_path, cls)
         files = sorted(e.name for e in os.scandir(folder) if e.is_file())
-        images = [os.path.join(folder, n) for n in files if is_image_name(n)]
         skipped += [os.path.join(folder, n) for n in files if not is_image_name(n)]
-        metadata += [p for p in images if os.path.basename(p).startswith(METADATA_PREFIX)]
-        if len(images) == sum(os.path.basename(p).startswith(METADATA_PREFIX) for p in images):
+        images = [n for n in files if is_image_name(n)]
+        metadata += [os.path.join(folder, n) for n in images if n.startswith(METADATA_PREFIX)]
+        real = [os.path.join(folder, n) for n in images if not n.startswith(METADATA_PREFIX)]
+        if not real:
             empty.append(folder)
         if check_content:
-            broken += [p for p in images if not os.path.basename(p).startswith(METADATA_PREFIX)
-                       and not looks_intact(p) and not decodes(p)]
+            broken += [p for p in real if not looks_intact(p) and not decodes(p)]
     if empty:
         raise ImageFolderError(_listing(f"class folders without images "
                                         f"({', '.join(IMAGE_EXTENSIONS)}): every class needs at "

@@ -96,6 +96,11 @@ def load_onnx(path):
     return lambda images: session.run(None, {name: images})[0]
 
 
+def chunks(images, batch_size):
+    """Consecutive slices of at most ``batch_size`` images."""
+    return (images[start:start + batch_size] for start in range(0, len(images), batch_size))
+
+
 def batched(forward, batch_size, kind, path):
     """``forward`` (numpy -> numpy) for an exported model that takes exactly ``batch_size``
     images: any number of images, run in chunks of ``batch_size`` (the last zero-padded, the
@@ -106,8 +111,7 @@ def batched(forward, batch_size, kind, path):
     """
     def run(images):
         outputs = []
-        for start in range(0, len(images), batch_size):
-            chunk = images[start:start + batch_size]
+        for chunk in chunks(images, batch_size):
             pad = batch_size - len(chunk)
             if pad:
                 chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
@@ -123,9 +127,8 @@ def batched(forward, batch_size, kind, path):
 
 def _checkpoint_predictor(cfg):
     net = load_network(cfg)
-    step = cfg.batch_size
-    return lambda images: np.concatenate([net(ms.Tensor(images[i:i + step])).asnumpy()
-                                          for i in range(0, len(images), step)])
+    return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
+                                          for chunk in chunks(images, cfg.batch_size)])
 
 
 def _mindir_predictor(cfg):
@@ -148,9 +151,9 @@ def load_predictor(cfg):
     image_size, image_size), preprocessed as in eval -> float32 numpy logits (N, class_num).
 
     ``.ckpt``: ``cfg.net_name`` / ``cfg.class_num``, run in batches of at most
-    ``cfg.batch_size``. ``.mindir``:
-    ``nn.GraphCell``; ``.onnx``: ONNX Runtime. Exported models take exactly the batch size
-    they were exported with: give it as ``cfg.batch_size``; any N is run in such chunks.
+    ``cfg.batch_size``. ``.mindir``: ``nn.GraphCell``; ``.onnx``: ONNX Runtime. Exported models
+    take exactly the batch size they were exported with: give it as ``cfg.batch_size``; any N
+    is run in such chunks.
 
     Raises:
         ValueError: If the suffix is none of these (a ``ConfigError`` naming the file).
