@@ -8,32 +8,47 @@
 --checkpoint_path takes a .ckpt (MindSpore, graph mode), a .mindir (nn.GraphCell) or an .onnx
 file (ONNX Runtime, the fastest on CPU); an exported model takes the --batch_size it was
 exported with. Prints the result and writes it as JSON (``eval_result.json`` in --output_dir).
-Every image is evaluated once: no shuffling, the last partial batch is kept.
+Every image is evaluated once: no shuffling, the last partial batch is kept; the image count
+reported is that of the labels evaluated. Progress (images done, img/s, ETA) goes to stderr:
+a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/progress.py``).
 """
-from src.env import set_cpu_fast_path
+import src.env  # first: sets the oneDNN default before MindSpore loads
+# isort: split
 
-set_cpu_fast_path()  # before MindSpore loads oneDNN
+import json
+import os
+import time
 
-import json  # noqa: E402
-import os  # noqa: E402
-import time  # noqa: E402
+import mindspore as ms
+import mindspore.nn as nn
 
-import mindspore as ms  # noqa: E402
-import mindspore.nn as nn  # noqa: E402
+from src.cli import run_entry_point
+from src.config import ConfigError, parse_config
+from src.dataset import class_names_of, count_images, create_dataset
+from src.device import setup_device
+from src.image_check import readable_pipeline_errors
+from src.inference import load_predictor
+from src.loss import CrossEntropySmooth
+from src.progress import Progress
 
-from src.cli import run_entry_point  # noqa: E402
-from src.config import ConfigError, parse_config  # noqa: E402
-from src.dataset import class_names_of, count_images, create_dataset  # noqa: E402
-from src.device import setup_device  # noqa: E402
-from src.image_check import readable_pipeline_errors  # noqa: E402
-from src.inference import load_predictor  # noqa: E402
-from src.loss import CrossEntropySmooth  # noqa: E402
+SECTIONS = ("network", "data", "device", "outputs", "model file")
+"""The config.yaml sections this entry point reads (its --help lists them)."""
 
 
-def evaluate(predict, dataset, cfg):
+def evaluate(predict, dataset, cfg, progress):
     """Top-1, top-5 and the mean per-batch loss (label-smoothed cross-entropy, as in
     training) of ``predict`` (numpy images -> numpy logits) over every batch of ``dataset``,
     with MindSpore's metric classes (as ``Model.eval`` computes them).
+
+    Args:
+        predict (callable): float32 (N, 3, H, W) -> float32 logits (N, class_num).
+        dataset (mindspore.dataset.Dataset): Batches of ``image`` and ``label`` columns.
+        cfg (Config): ``class_num``, ``label_smoothing`` and ``checkpoint_path`` (messages).
+        progress (Progress): Told the number of images of each batch once evaluated.
+
+    Returns:
+        dict: ``top1``, ``top5``, ``loss`` (floats) and ``images``: the number of labels
+        evaluated.
 
     Raises:
         ConfigError: If the model's class count is not ``cfg.class_num``.
@@ -41,6 +56,7 @@ def evaluate(predict, dataset, cfg):
     metrics = {"top1": nn.Top1CategoricalAccuracy(),
                "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num)), "loss": nn.Loss()}
     loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
+    evaluated = 0
     for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
         logits = predict(images)
         if logits.shape[1] != cfg.class_num:
@@ -49,43 +65,52 @@ def evaluate(predict, dataset, cfg):
         metrics["top1"].update(logits, labels)
         metrics["top5"].update(logits, labels)
         metrics["loss"].update(loss_fn(ms.Tensor(logits), ms.Tensor(labels)))
-    return {name: metric.eval() for name, metric in metrics.items()}
+        evaluated += len(labels)
+        progress.update(len(labels))
+    return {**{name: float(metric.eval()) for name, metric in metrics.items()},
+            "images": evaluated}
 
 
-def main(argv=None):
-    """Evaluate as configured by ``argv``; print and write the result; return 0."""
-    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+def check_data_classes(cfg):
+    """Raise ``ConfigError`` unless ``cfg.data_path`` is given and, for class folders, holds
+    ``cfg.class_num`` of them."""
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the evaluation data folder")
     folders = len(class_names_of(cfg.data_path)) if cfg.dataset == "imagefolder" else cfg.class_num
     if folders != cfg.class_num:
         raise ConfigError(f"data_path {cfg.data_path} has {folders} class folders but class_num "
                           f"is {cfg.class_num}")
-    setup_device(cfg)
+
+
+def main(argv=None):
+    """Evaluate as configured by ``argv``; print and write the result; return 0."""
+    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    check_data_classes(cfg)
+    setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
                              batch_size=cfg.batch_size, image_size=cfg.image_size,
                              eval_resize=cfg.eval_resize,
                              num_parallel_workers=cfg.num_parallel_workers,
                              check_images=cfg.check_images)
-    predict = load_predictor(cfg)
+    total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
+    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size)
 
     start = time.time()
-    with readable_pipeline_errors():
-        result = evaluate(predict, dataset, cfg)
+    with readable_pipeline_errors(), Progress(total, "eval") as progress:
+        result = evaluate(predict, dataset, cfg, progress)
     seconds = time.time() - start
-    images = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
     report = {"checkpoint_path": cfg.checkpoint_path, "data_path": cfg.data_path,
-              "net_name": cfg.net_name, "images": images,
-              "top1": float(result["top1"]), "top5": float(result["top5"]),
-              "loss": float(result["loss"]), "time_s": round(seconds, 2)}
+              "net_name": cfg.net_name, "images": result["images"],
+              "top1": result["top1"], "top5": result["top5"],
+              "loss": result["loss"], "time_s": round(seconds, 2)}
     print(json.dumps(report, indent=1))
     os.makedirs(cfg.output_dir, exist_ok=True)
     out = os.path.join(cfg.output_dir, "eval_result.json")
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    print(f"top-1 {report['top1']:.4f}  top-5 {report['top5']:.4f} over {images} images; "
-          f"written to {out}")
+    print(f"top-1 {report['top1']:.4f}  top-5 {report['top5']:.4f} over {report['images']} "
+          f"images; written to {out}")
     return 0
 
 

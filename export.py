@@ -9,21 +9,22 @@ named ``image`` and its output ``logits``. With ``fold_bn`` (default) every Batc
 folded into the convolution before it (``src/bn_fold.py``): same logits to float32 rounding,
 fewer operations to run.
 """
-from src.env import set_cpu_fast_path
+import src.env  # first: sets the oneDNN default before MindSpore loads
+# isort: split
 
-set_cpu_fast_path()  # before MindSpore loads oneDNN
+import mindspore as ms
+import numpy as np
 
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-
-from src.cli import run_entry_point  # noqa: E402
-from src.config import ConfigError, parse_config  # noqa: E402
-from src.device import setup_device  # noqa: E402
-from src.bn_fold import fold_batchnorm  # noqa: E402
-from src.inference import load_network  # noqa: E402
+from src.bn_fold import fold_batchnorm
+from src.cli import run_entry_point
+from src.config import ConfigError, parse_config
+from src.device import setup_device
+from src.inference import load_network
 
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
+
+SECTIONS = ("network", "data", "device", "model file", "export")
+"""The config.yaml sections this entry point reads (its --help lists them)."""
 
 
 def export_model(net, dummy, file_name, file_format):
@@ -39,15 +40,13 @@ def export_model(net, dummy, file_name, file_format):
 
 def main(argv=None):
     """Export as configured by ``argv``; return 0."""
-    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
         raise ConfigError(f"file_format AIR needs device_target Ascend (got "
                           f"{cfg.device_target}); use MINDIR or ONNX here")
-    if cfg.batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {cfg.batch_size}")
-    setup_device(cfg)
+    setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
-    net = load_network(cfg)
+    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path)
     folded = fold_batchnorm(net) if cfg.fold_bn else 0
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, cfg.image_size, cfg.image_size], np.float32))
     export_model(net, dummy, cfg.file_name, cfg.file_format)

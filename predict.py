@@ -8,26 +8,35 @@ Images are preprocessed as in eval (resize eval_resize, center crop image_size, 
 normalization). Class names: --class_names_path, else class_names.txt next to the checkpoint
 (written by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000.
 A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size.
-ONNX files run in ONNX Runtime (in requirements.txt; the fastest on CPU).
+ONNX files run in ONNX Runtime (in requirements.txt; the fastest on CPU). A folder is read
+--batch_size images at a time (memory does not grow with it); the result lines go to stdout
+as each batch is done, progress to stderr (a bar on a terminal, lines otherwise).
 """
-from src.env import set_cpu_fast_path
+import src.env  # first: sets the oneDNN default before MindSpore loads
+# isort: split
 
-set_cpu_fast_path()  # before MindSpore loads oneDNN
+import json
+import os
 
-import json  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
+from src.class_names import default_class_names_path, read_class_names
+from src.cli import run_entry_point
+from src.config import ConfigError, parse_config
+from src.device import setup_device
+from src.inference import chunks, list_images, load_predictor, preprocess_images, softmax
+from src.progress import Progress
 
-from src.class_names import default_class_names_path, read_class_names  # noqa: E402
-from src.cli import run_entry_point  # noqa: E402
-from src.config import ConfigError, parse_config  # noqa: E402
-from src.device import setup_device  # noqa: E402
-from src.inference import (list_images, load_predictor, preprocess_images,  # noqa: E402
-                           softmax)
+SECTIONS = ("network", "data", "device", "model file", "predict")
+"""The config.yaml sections this entry point reads (its --help lists them)."""
 
 
 def class_names_for(cfg, class_num):
-    """Names in label order; ``class_<i>`` when no names file is known."""
+    """Names in label order; ``class_<i>`` when no names file is known.
+
+    Raises:
+        ConfigError: If the names file lists another number of names than ``class_num``.
+    """
     path = cfg.class_names_path or default_class_names_path(cfg.checkpoint_path, class_num)
     if path is None:
         return [f"class_{i}" for i in range(class_num)]
@@ -38,9 +47,43 @@ def class_names_for(cfg, class_num):
     return names
 
 
+def predict_in_batches(predict, paths, batch_size, image_size, eval_resize):
+    """Classify images a batch at a time: only ``batch_size`` images are read and held at
+    once, whatever the number of paths.
+
+    Args:
+        predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K).
+        paths (list[str]): Image files.
+        batch_size (int): Images read, preprocessed and predicted together.
+        image_size (int): Center crop, pixels.
+        eval_resize (int): Shorter side before the crop, pixels.
+
+    Yields:
+        tuple(list[str], numpy.ndarray): The paths of a batch and their class probabilities,
+        float (len(batch), K).
+    """
+    for batch in chunks(paths, batch_size):
+        yield batch, softmax(predict(preprocess_images(batch, image_size, eval_resize)))
+
+
+def top_classes(probs, names, top_k):
+    """The ``top_k`` most probable classes of one image, most probable first.
+
+    Args:
+        probs (numpy.ndarray): Class probabilities (K,).
+        names (list[str]): Class names in label order.
+        top_k (int): How many (at most K).
+
+    Returns:
+        list[dict]: ``class`` (label), ``name`` and ``probability`` (rounded to 6 decimals).
+    """
+    return [{"class": int(i), "name": names[i], "probability": round(float(probs[i]), 6)}
+            for i in np.argsort(-probs)[:top_k]]
+
+
 def main(argv=None):
     """Predict as configured by ``argv``; print one JSON line per image; return 0."""
-    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
@@ -48,19 +91,19 @@ def main(argv=None):
     for key in ("batch_size", "top_k"):
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
-    setup_device(cfg)
+    setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     paths = list_images(cfg.image_path)
-    images = preprocess_images(paths, cfg.image_size, cfg.eval_resize)
-    probs = softmax(load_predictor(cfg)(images))
-    names = class_names_for(cfg, probs.shape[1])
-
-    k = min(cfg.top_k, probs.shape[1])
-    for path, row in zip(paths, probs):
-        top = np.argsort(-row)[:k]
-        result = [{"class": int(i), "name": names[i], "probability": round(float(row[i]), 6)}
-                  for i in top]
-        print(json.dumps({"image": path, "top": result}))
+    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size)
+    names = None
+    with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
+        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.image_size,
+                                               cfg.eval_resize):
+            names = names or class_names_for(cfg, probs.shape[1])
+            for path, row in zip(batch, probs):
+                progress.write(json.dumps({"image": path,
+                                           "top": top_classes(row, names, cfg.top_k)}))
+            progress.update(len(batch))
     return 0
 
 

@@ -3,70 +3,80 @@
     python train.py --data_path /data/imagenet/train                  # ResNet-50, config.yaml
     python train.py --config_path configs/resnet18_cifar10.yaml --data_path DIR --epoch_size 5
 
-Reads top to bottom: config -> device -> dataset -> network -> LR -> optimizer -> loss ->
-Model -> resume -> callbacks -> model.train per epoch. Outputs in --output_dir: checkpoints,
-metrics.jsonl (one JSON line per epoch), config.yaml (the resolved config), class_names.txt,
-train.log. Each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with
---resume_ckpt sees the same data as an uninterrupted one. SIGINT/SIGTERM save and stop.
+Reads top to bottom: config -> signals -> device -> dataset -> network -> LR -> optimizer ->
+loss -> Model -> resume -> output folder -> callbacks -> model.train per epoch. Outputs in
+--output_dir: checkpoints, metrics.jsonl (one JSON line per epoch), config.yaml (the resolved
+config), class_names.txt, train.log. A fresh run refuses a folder holding another run's files
+(--resume_ckpt auto continues it; --overwrite true moves them aside). Each epoch's data
+pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt sees the same data
+as an uninterrupted one. SIGINT/SIGTERM save and stop; a second Ctrl-C exits at once.
+Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, 4 a checkpoint could not be
+written (disk full, permission), 128 + signal number when stopped by SIGINT/SIGTERM.
 """
-from src.env import set_cpu_fast_path
+import src.env  # first: sets the oneDNN default before MindSpore loads
+# isort: split
 
-set_cpu_fast_path()  # before MindSpore loads oneDNN
+import json
+import logging
+import os
 
-import os  # noqa: E402
-import signal  # noqa: E402
+import mindspore.dataset as ds
+import mindspore.nn as nn
+from mindspore.train import Model
 
-import mindspore.dataset as ds  # noqa: E402
-import mindspore.nn as nn  # noqa: E402
-from mindspore.train import Model  # noqa: E402
+from src.callbacks import (BestCheckpointEvaluator, CheckpointSaver, StepState, StopSignals,
+                           TrainMonitor)
+from src.checkpoint import load_into_network, own_checkpoints
+from src.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
+from src.cli import run_entry_point
+from src.config import ConfigError, parse_config
+from src.dataset import class_names_of, create_dataset
+from src.device import all_gather_int, check_fusion_config, init_distributed, setup_device
+from src.image_check import readable_pipeline_errors
+from src.logger import get_logger
+from src.loss import CrossEntropySmooth
+from src.lr_schedule import LR_KEYS, create_lr
+from src.optimizer import create_optimizer
+from src.output_dir import prepare_output_dir
+from src.precision import loss_scale_setup, resolve_amp_level
+from src.resnet import create_network
+from src.resume import (NOT_RESTORED, agree_across_ranks, check_same_recipe, epoch_seed,
+                        find_resume_checkpoint, restore_training_state)
 
-from src.callbacks import BestCheckpointEvaluator, TrainMonitor  # noqa: E402
-from src.checkpoint import load_into_network  # noqa: E402
-from src.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names  # noqa: E402
-from src.cli import run_entry_point  # noqa: E402
-from src.config import ConfigError, parse_config  # noqa: E402
-from src.dataset import class_names_of, create_dataset  # noqa: E402
-from src.device import (check_fusion_config, init_distributed, loss_scale_setup,  # noqa: E402
-                        resolve_amp_level, setup_device)
-from src.image_check import readable_pipeline_errors  # noqa: E402
-from src.logger import get_logger  # noqa: E402
-from src.loss import CrossEntropySmooth  # noqa: E402
-from src.lr_schedule import create_lr  # noqa: E402
-from src.optimizer import create_optimizer  # noqa: E402
-from src.resnet import create_network  # noqa: E402
-from src.resume import (CheckpointSaver, epoch_seed, find_resume_checkpoint,  # noqa: E402
-                        restore_training_state)
+SECTIONS = ("network", "data", "training data", "optimization", "device",
+            "precision, distribution", "outputs", "training checkpoints")
+EXIT_NONFINITE, EXIT_SAVE_FAILED = 3, 4
 
 
 def check_train_config(cfg):
-    """Reject values that cannot train, naming the key."""
+    """Reject training values that cannot work, naming the key (ranges: ``check_values``)."""
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the training data folder")
-    for key in ("batch_size", "epoch_size", "class_num", "image_size", "log_interval",
-                "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size"):
-        if cfg[key] < 1:
-            raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
-    if cfg.base_lr <= 0:
-        raise ConfigError(f"base_lr must be positive, got {cfg.base_lr}")
     if cfg.run_eval and not cfg.eval_data_path:
         raise ConfigError("run_eval is true but eval_data_path is empty")
-    for key in ("save_checkpoint_steps", "warmup_epochs"):
-        if cfg[key] < 0:
-            raise ConfigError(f"{key} must be 0 or positive, got {cfg[key]}")
-    low, high = (cfg.train_crop_scale + [None, None])[:2]
-    if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
-        raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "
-                          f"{cfg.train_crop_scale}")
 
 
-def resume_checkpoint_path(cfg, steps_per_epoch, log):
-    """``resume_ckpt`` resolved: a path, the newest readable checkpoint for ``auto``, or ""."""
-    if cfg.resume_ckpt != "auto":
-        return cfg.resume_ckpt
-    path = find_resume_checkpoint(cfg.output_dir, cfg.net_name, steps_per_epoch)
-    if path is None:
+def resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log):
+    """``resume_ckpt`` resolved to a path ("" to start from scratch): as given, or for
+    ``auto`` the newest usable checkpoint in ``output_dir``; in data parallel, rank 0's
+    choice, which every rank must hold."""
+    names = [p.name for p in train_network.get_parameters()
+             if not p.name.startswith(NOT_RESTORED)]
+    path = cfg.resume_ckpt
+    if path == "auto":
+        path = find_resume_checkpoint(cfg.output_dir, cfg.net_name, steps_per_epoch, names) or ""
+    if device_num > 1:
+        path = agree_across_ranks(path, cfg.output_dir, cfg.net_name, steps_per_epoch, names,
+                                  all_gather_int)
+    if cfg.resume_ckpt == "auto" and not path:
         log.info("resume_ckpt auto: no checkpoint in %s, starting from scratch", cfg.output_dir)
-    return path or ""
+    return path
+
+
+def in_folder(path, folder):
+    """Whether ``path`` lies directly in ``folder``."""
+    return os.path.isdir(folder) and os.path.samefile(os.path.dirname(os.path.abspath(path)),
+                                                      folder)
 
 
 def epoch_dataset(cfg, epoch, skip_steps, data_args, shards):
@@ -80,20 +90,17 @@ def epoch_dataset(cfg, epoch, skip_steps, data_args, shards):
 
 def main(argv=None):
     """Train as configured by ``argv`` (default: the command line); returns the exit status
-    (0 done, 3 non-finite loss, 128 + signal number when stopped by SIGINT/SIGTERM)."""
-    # ---- config and device ----
-    cfg = parse_config(argv, description=__doc__.split("\n")[0])
+    (see the module docstring)."""
+    # ---- config, signals (caught from here on), device ----
+    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     check_train_config(cfg)
-    setup_device(cfg)
-    rank, device_num = init_distributed(cfg)
-    os.makedirs(cfg.output_dir, exist_ok=True)
+    stop = StopSignals(logging.getLogger("train"))
+    stop.install()
+    setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
+    rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num,
+                                        cfg.all_reduce_fusion_config)
     is_main = rank == 0
-    log = get_logger("train", os.path.join(cfg.output_dir, "train.log") if is_main else None,
-                     rank)
-    log.info("resolved config:\n%s", cfg.to_yaml())
-    if is_main:
-        with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
-            f.write(cfg.to_yaml())
+    log = get_logger("train", None, rank)
 
     # ---- data ----
     data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size, image_size=cfg.image_size,
@@ -114,8 +121,6 @@ def main(argv=None):
             cfg.eval_data_path) != class_names:
         raise ConfigError(f"eval_data_path {cfg.eval_data_path} has other class folders than "
                           f"data_path {cfg.data_path}: labels would not match")
-    if is_main:
-        write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
 
     # ---- network ----
     net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
@@ -130,13 +135,11 @@ def main(argv=None):
 
     # ---- LR, optimizer, loss ----
     global_batch = cfg.batch_size * device_num
-    lr, peak_lr = create_lr(cfg, steps_per_epoch, global_batch)
-    log.info("global batch %d (%d per device x %d devices): effective peak LR %.6g "
-             "(base_lr %g per %d images); %d steps per epoch, %d in all",
-             global_batch, cfg.batch_size, device_num, peak_lr, cfg.base_lr,
-             cfg.base_lr_batch_size, steps_per_epoch, len(lr))
-    amp_level = resolve_amp_level(cfg)
-    scale_manager, optimizer_loss_scale = loss_scale_setup(cfg, amp_level)
+    lr, peak_lr = create_lr(**{k: cfg[k] for k in LR_KEYS}, global_batch_size=global_batch,
+                            steps_per_epoch=steps_per_epoch)
+    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
+    scale_manager, optimizer_loss_scale = loss_scale_setup(amp_level, cfg.device_target,
+                                                           cfg.loss_scale)
     optimizer = create_optimizer(net, lr, cfg.momentum, cfg.weight_decay, optimizer_loss_scale)
     loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
 
@@ -145,63 +148,99 @@ def main(argv=None):
                   loss_scale_manager=scale_manager,
                   metrics={"top1": nn.Top1CategoricalAccuracy(),
                            "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num))})
-    log.info("amp_level %s, loss scale %s, device %s", amp_level,
-             cfg.loss_scale if scale_manager else "none", cfg.device_target)
 
-    # ---- resume ----
+    # ---- resume: the same recipe, the same step of the data and of the LR schedule ----
+    run_config = dict(cfg, device_num=device_num)
     start_step = 0
-    resume_path = resume_checkpoint_path(cfg, steps_per_epoch, log)
+    resume_path = resume_checkpoint_path(cfg, model.train_network, steps_per_epoch, device_num,
+                                         log)
     if resume_path:
-        start_step = restore_training_state(net, optimizer, resume_path)
+        start_step, stored = restore_training_state(model.train_network, resume_path)
+        if not cfg.resume_ignore_config:
+            check_same_recipe(resume_path, stored, run_config)
         if start_step >= len(lr):
             raise ConfigError(f"{resume_path} has already trained all {len(lr)} steps of "
                               f"epoch_size {cfg.epoch_size}")
+
+    # ---- output folder: one run per folder; logs, resolved config, class names ----
+    continues_here = bool(resume_path) and in_folder(resume_path, cfg.output_dir)
+    moved = None
+    if is_main:  # other ranks write no files (and may share the folder)
+        moved = prepare_output_dir(cfg.output_dir, not continues_here, cfg.overwrite)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    log = get_logger("train", os.path.join(cfg.output_dir, "train.log") if is_main else None,
+                     rank)
+    log.info("resolved config:\n%s", cfg.to_yaml())
+    if moved:
+        log.warning("overwrite: the earlier run's files in %s were moved to %s",
+                    cfg.output_dir, moved)
+    if is_main:
+        with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
+            f.write(cfg.to_yaml())
+        write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
+    log.info("global batch %d (%d per device x %d devices): effective peak LR %.6g "
+             "(base_lr %g per %d images); %d steps per epoch, %d in all",
+             global_batch, cfg.batch_size, device_num, peak_lr, cfg.base_lr,
+             cfg.base_lr_batch_size, steps_per_epoch, len(lr))
+    log.info("amp_level %s, loss scale %s, device %s", amp_level,
+             cfg.loss_scale if scale_manager else "none", cfg.device_target)
+    if resume_path:
         log.info("resumed from %s: %d steps done (epoch %d, step %d of %d)", resume_path,
                  start_step, start_step // steps_per_epoch + 1,
                  start_step % steps_per_epoch, steps_per_epoch)
 
-    # ---- callbacks ----
+    # ---- callbacks: the step state first, then the ones that read it ----
     evaluator = None
     if cfg.run_eval:
         eval_set = create_dataset(cfg.eval_data_path, is_training=False, **data_args)
         evaluator = BestCheckpointEvaluator(model, eval_set, os.path.join(
             cfg.output_dir, f"{cfg.net_name}-best.ckpt"))
-    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None
-    if metrics_path and start_step == 0 and os.path.exists(metrics_path):
-        os.remove(metrics_path)  # a fresh run starts a fresh record; a resumed one appends
-    monitor = TrainMonitor(lr, global_batch, steps_per_epoch, cfg.log_interval, metrics_path,
-                           log, evaluator, cfg.eval_interval, start_step)
-    saver = CheckpointSaver(cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr), start_step,
-                            cfg.save_checkpoint_epochs, cfg.save_checkpoint_steps,
-                            cfg.keep_checkpoint_max, write=is_main)
+    state = StepState(start_step)
+    monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
+                           os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
+                           log, evaluator, cfg.eval_interval)
+    own = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
+                          start_step) if continues_here else []
+    saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
+                            json.dumps(run_config), cfg.save_checkpoint_epochs,
+                            cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, own,
+                            write=is_main)
 
     # ---- train, one Model.train call per epoch ----
     try:
         with readable_pipeline_errors():
             for epoch in range(start_step // steps_per_epoch, cfg.epoch_size):
+                if stop.received or state.nonfinite_step or saver.error:
+                    break
                 skip = max(0, start_step - epoch * steps_per_epoch)
                 data = epoch_dataset(cfg, epoch, skip, data_args, shards)
-                model.train(epoch + 1, data, callbacks=[monitor, saver], dataset_sink_mode=False,
-                            initial_epoch=epoch)
-                if monitor.nonfinite_step or saver.signal_received:
-                    break
+                model.train(epoch + 1, data, callbacks=[state, stop, monitor, saver],
+                            dataset_sink_mode=False, initial_epoch=epoch)
     finally:
-        saver.restore_signal_handlers()
-    return finish(monitor, saver, cfg, log)
+        stop.restore()
+    return finish(state, stop, saver, len(lr), cfg.output_dir, log)
 
 
-def finish(monitor, saver, cfg, log):
-    """Exit status and the closing message: done, stopped by a signal, or a non-finite loss."""
-    if monitor.nonfinite_step:
-        log.error("stopped: non-finite loss at global step %d; newest good checkpoint: %s",
-                  monitor.nonfinite_step, saver.last_saved or "none")
-        return 3
-    if saver.signal_received:
+def finish(state, stop, saver, total_steps, output_dir, log):
+    """Exit status and the closing message: done, a checkpoint not written, a non-finite loss
+    or stopped by a signal (a signal after the last step still ends "done")."""
+    if saver.error:
+        log.error("stopped: %s; last good checkpoint: %s", saver.error,
+                  saver.last_saved or "none")
+        return EXIT_NONFINITE if saver.diverged else EXIT_SAVE_FAILED
+    if state.nonfinite_step:
+        log.error("stopped: non-finite loss at global step %d; last good checkpoint: %s",
+                  state.nonfinite_step, saver.last_saved or "none")
+        return EXIT_NONFINITE
+    if stop.received and state.global_step < total_steps:
         log.warning("stopped by %s at global step %d, saved %s; resume with the same command "
-                    "plus --resume_ckpt auto", saver.signal_received, saver.global_step,
-                    saver.last_saved)
-        return 128 + getattr(signal, saver.signal_received)
-    log.info("done; outputs in %s", cfg.output_dir)
+                    "plus --resume_ckpt auto", stop.received, state.global_step,
+                    saver.last_saved or "nothing (no step trained yet)")
+        return 128 + stop.signum
+    if stop.received:
+        log.info("%s came after the last step: the run is complete", stop.received)
+    log.info("done; outputs in %s; curves: python tools/plot_metrics.py %s", output_dir,
+             os.path.join(output_dir, "metrics.jsonl"))
     return 0
 
 

@@ -179,9 +179,7 @@ def ms_infer_ckpt(args):
     """Forward pass of the network loaded from a checkpoint, as eval.py runs it."""
     ms = ms_setup()
     from src.inference import load_network
-    from src.config import Config
-    net = load_network(Config(net_name=args.net_name, class_num=args.class_num,
-                              checkpoint_path=os.path.join(args.artifacts, "net.ckpt")))
+    net = load_network(args.net_name, args.class_num, os.path.join(args.artifacts, "net.ckpt"))
     images = ms.Tensor(random_batch(args)[0])
     return lambda: net(images).asnumpy() is not None and args.batch_size
 

@@ -8,7 +8,8 @@ OUT="${1:-output/quick_start}"
 source scripts/setup_env.sh requirements.txt
 
 CONFIG=(--config_path configs/quick_start.yaml --output_dir "$OUT")
-python train.py "${CONFIG[@]}"
+# --overwrite true: a second quick start moves the first one's files into $OUT/previous_run_*/
+python train.py "${CONFIG[@]}" --overwrite true
 CKPT="$(ls -t "$OUT"/resnet18-*_*.ckpt | head -n 1)"
 python eval.py "${CONFIG[@]}" --checkpoint_path "$CKPT" --data_path data/cifar10_sample/test
 python export.py "${CONFIG[@]}" --checkpoint_path "$CKPT" --file_format MINDIR \

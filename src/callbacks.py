@@ -1,12 +1,23 @@
-"""Training callbacks: progress lines, one JSON line of metrics per epoch, best checkpoint."""
+"""Training callbacks: the per-step state, progress lines and the metrics file, checkpoints,
+stop signals; and the evaluator that keeps the best checkpoint.
+
+``Model.train`` calls callbacks in list order: ``StepState`` goes first, so the monitor and
+the saver read the step it has just classified (the loss is read from the device once).
+"""
 import json
+import logging
 import math
 import os
+import signal
 import time
 
-import mindspore as ms
 import numpy as np
 from mindspore.train import Callback
+
+from src.checkpoint import (CONFIG_KEY, STEP_KEY, atomic_save_checkpoint, checkpoint_name,
+                            prune)
+
+LOGGER = logging.getLogger(__name__)
 
 
 def loss_value(net_outputs):
@@ -29,22 +40,6 @@ def step_status(net_outputs):
             net_outputs[1].asnumpy()):
         return "overflow", loss
     return ("ok" if math.isfinite(loss) else "nonfinite"), loss
-
-
-def atomic_save_checkpoint(net, path, append_dict=None):
-    """Save ``net`` to ``path`` through a temporary file and a rename, so that a crash never
-    leaves a truncated checkpoint under the final name.
-
-    Args:
-        net (nn.Cell or list): Network (or training cell) whose parameters are saved, or a
-            list of ``{"name": str, "data": Tensor}`` as ``mindspore.save_checkpoint`` takes.
-        path (str): Final ``.ckpt`` path.
-        append_dict (dict, optional): Extra int/float entries stored in the file.
-    """
-    # save_checkpoint appends ".ckpt" to names without it: keep the suffix on the temp name.
-    tmp = os.path.splitext(path)[0] + ".partial.ckpt"
-    ms.save_checkpoint(net, tmp, append_dict=append_dict)
-    os.replace(tmp, path)
 
 
 class BestCheckpointEvaluator:
@@ -73,15 +68,45 @@ class BestCheckpointEvaluator:
         return {"top1": top1, "top5": top5, "best_top1": self.best_top1}
 
 
+class StepState(Callback):
+    """The one owner of the per-step state: global step, the step's status and loss, the
+    count of overflowed steps, where a non-finite loss stopped training. Listed first among
+    the callbacks; ``TrainMonitor`` and ``CheckpointSaver`` read it.
+
+    A non-finite loss in fp32 requests a stop (``nonfinite_step`` says where); an overflowed
+    step under loss scaling (GPU/Ascend) is counted and training goes on.
+
+    Args:
+        start_step (int): Steps already done (resumed runs).
+    """
+
+    def __init__(self, start_step=0):
+        super().__init__()
+        self.global_step = start_step
+        self.status, self.loss = "ok", None
+        self.overflow_steps = 0
+        self.nonfinite_step = None
+
+    def on_train_step_end(self, run_context):
+        self.global_step += 1
+        self.status, self.loss = step_status(run_context.original_args().net_outputs)
+        if self.status == "overflow":
+            self.overflow_steps += 1
+        elif self.status == "nonfinite" and self.nonfinite_step is None:
+            self.nonfinite_step = self.global_step
+            run_context.request_stop()
+
+
 class TrainMonitor(Callback):
     """Progress lines every ``log_interval`` steps and one JSON line per epoch.
 
     Step line: epoch, step in epoch, global step, loss, LR, img/s (global, over all
-    devices), ETA. Epoch line in ``metrics_path`` (JSON Lines): epoch, mean loss, last LR,
-    epoch time in seconds, img/s, overflowed steps (loss scaling), and top1/top5 when an
-    evaluator runs. A non-finite loss in fp32 stops training (``nonfinite_step`` says where).
+    devices), ETA. Epoch line in ``metrics_path`` (JSON Lines): epoch, global step, mean loss,
+    last LR, epoch time in seconds, img/s, overflowed steps (loss scaling), and top1/top5 when
+    an evaluator runs. Epochs cut short (signal, non-finite loss) get no line.
 
     Args:
+        state (StepState): The per-step state, updated before this callback runs.
         lr (numpy.ndarray): The per-step LR array given to the optimizer.
         global_batch_size (int): Images per step over all devices.
         steps_per_epoch (int): Steps in one epoch.
@@ -91,12 +116,12 @@ class TrainMonitor(Callback):
         evaluator (callable, optional): ``evaluator(net) -> dict`` run after each
             ``eval_interval`` epochs and after the last one.
         eval_interval (int): Epochs between evaluations.
-        start_step (int): Steps already done (resumed runs).
     """
 
-    def __init__(self, lr, global_batch_size, steps_per_epoch, log_interval, metrics_path,
-                 logger, evaluator=None, eval_interval=1, start_step=0):
+    def __init__(self, state, lr, global_batch_size, steps_per_epoch, log_interval,
+                 metrics_path, logger, evaluator=None, eval_interval=1):
         super().__init__()
+        self.state = state
         self.lr = lr
         self.global_batch_size = global_batch_size
         self.steps_per_epoch = steps_per_epoch
@@ -105,9 +130,7 @@ class TrainMonitor(Callback):
         self.logger = logger
         self.evaluator = evaluator
         self.eval_interval = max(1, eval_interval)
-        self.start_step = self.global_step = start_step
-        self.nonfinite_step = None
-        self.overflow_steps = 0
+        self.start_step = state.global_step
         self.train_start = self.epoch_start = self.window_start = None
         self.epoch_losses = []
 
@@ -120,20 +143,16 @@ class TrainMonitor(Callback):
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
-        self.global_step += 1
-        status, loss = step_status(cb.net_outputs)
-        if status == "overflow":
-            self.overflow_steps += 1
+        state = self.state
+        if state.status == "overflow":
             return
-        if status == "nonfinite":
-            self.nonfinite_step = self.global_step
+        if state.status == "nonfinite":
             self.logger.error("non-finite loss %s at global step %d (epoch %d): stopping; the "
-                              "newest checkpoint is the last good one", loss, self.global_step,
-                              cb.cur_epoch_num)
-            run_context.request_stop()
+                              "newest checkpoint is the last good one", state.loss,
+                              state.global_step, cb.cur_epoch_num)
             return
-        self.epoch_losses.append(loss)
-        step_in_epoch = (self.global_step - 1) % self.steps_per_epoch + 1
+        self.epoch_losses.append(state.loss)
+        step_in_epoch = (state.global_step - 1) % self.steps_per_epoch + 1
         if step_in_epoch % self.log_interval and step_in_epoch != self.steps_per_epoch:
             return
         now = time.time()
@@ -141,32 +160,186 @@ class TrainMonitor(Callback):
         img_per_s = steps * self.global_batch_size / max(now - self.window_start, 1e-9)
         self.window_start = now
         total = len(self.lr)
-        eta = (now - self.train_start) / (self.global_step - self.start_step) * (
-            total - self.global_step)
+        eta = (now - self.train_start) / (state.global_step - self.start_step) * (
+            total - state.global_step)
         self.logger.info("epoch %d/%d step %d/%d (global %d) loss %.4f lr %.6f "
                          "%.1f img/s eta %s", cb.cur_epoch_num, total // self.steps_per_epoch,
-                         step_in_epoch, self.steps_per_epoch, self.global_step, loss,
-                         self.lr[self.global_step - 1], img_per_s, _hms(eta))
+                         step_in_epoch, self.steps_per_epoch, state.global_step, state.loss,
+                         self.lr[state.global_step - 1], img_per_s, _hms(eta))
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
-        if self.nonfinite_step or self.global_step % self.steps_per_epoch:
+        step = self.state.global_step
+        if self.state.nonfinite_step or step % self.steps_per_epoch:
             return  # stopped mid-epoch (signal, non-finite loss): no epoch record, no eval
         seconds = time.time() - self.epoch_start
-        record = {"epoch": cb.cur_epoch_num, "step": self.global_step,
+        record = {"epoch": cb.cur_epoch_num, "step": step,
                   "loss": float(sum(self.epoch_losses) / len(self.epoch_losses))
                   if self.epoch_losses else None,
-                  "lr": float(self.lr[self.global_step - 1]), "time_s": round(seconds, 3),
+                  "lr": float(self.lr[step - 1]), "time_s": round(seconds, 3),
                   "img_per_s": round(len(self.epoch_losses) * self.global_batch_size
                                      / max(seconds, 1e-9), 2),
-                  "overflow_steps": self.overflow_steps}
-        last = self.global_step == len(self.lr)
+                  "overflow_steps": self.state.overflow_steps}
+        last = step == len(self.lr)
         if self.evaluator and (cb.cur_epoch_num % self.eval_interval == 0 or last):
             record.update(self.evaluator(cb.network))
         self.logger.info("epoch %d done: %s", cb.cur_epoch_num, json.dumps(record))
         if self.metrics_path:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+class StopSignals(Callback):
+    """SIGINT/SIGTERM: finish the current step, save, stop. A second signal exits at once.
+
+    ``install()`` runs before anything slow (data check, graph compilation), so a signal at
+    start-up is caught too. While a compiled step runs, MindSpore 2.10's runtime has its own
+    SIGINT handler in place, which turns Ctrl-C into a SIGTERM sent to the process: a Ctrl-C
+    then arrives here as SIGTERM (exit status 143 instead of 130). Ours is installed again
+    around every step (two system calls), so a Ctrl-C at start-up, between steps or during
+    evaluation arrives as SIGINT.
+
+    Args:
+        logger (logging.Logger): Where the acknowledgement goes.
+        exit_now (callable): ``exit_now(status)`` for the second signal (default ``os._exit``).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, logger, exit_now=os._exit):
+        super().__init__()
+        self.logger = logger
+        self.exit_now = exit_now
+        self.received = None
+        self._previous = {}
+
+    @property
+    def signum(self):
+        """The first signal received (an int), or None."""
+        return getattr(signal, self.received) if self.received else None
+
+    def install(self):
+        """Catch SIGINT and SIGTERM (the handlers found first are kept for ``restore``)."""
+        for signum in self.SIGNALS:
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
+
+    def restore(self):
+        """Put back the handlers found before the first ``install``."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame):
+        del frame
+        name = signal.Signals(signum).name
+        if self.received:
+            self.logger.error("second stop signal (%s): exiting now without saving", name)
+            self.exit_now(128 + signum)
+            return
+        self.received = name
+        self.logger.warning("%s received: stopping after the current step with a checkpoint "
+                            "(Ctrl-C again to exit at once, without saving)", name)
+
+    def on_train_step_begin(self, run_context):
+        self.install()
+
+    def on_train_step_end(self, run_context):
+        self.install()
+
+
+class CheckpointSaver(Callback):
+    """Save resumable checkpoints atomically; on a stop signal save at the current step and
+    stop training.
+
+    Saves every ``save_epochs`` epochs, at the end of training, and every ``save_steps``
+    steps when positive. Keeps the newest ``keep_max`` of the files this run wrote (a
+    resumed run counts the files of the run it continues, passed as ``own_files``); other
+    files in the folder are never touched. Nothing is saved after a non-finite loss, nor
+    parameters that are not all finite. A checkpoint that cannot be written (non-finite
+    parameters, disk full, permission) stops training: ``error`` says why, ``diverged`` tells
+    non-finite parameters from a write failure, and ``last_saved`` names the last good
+    checkpoint.
+
+    Args:
+        state (StepState): The per-step state, updated before this callback runs.
+        stop (StopSignals): Whether a stop signal came.
+        output_dir (str): Folder of the checkpoints.
+        prefix (str): File name prefix (the network name).
+        steps_per_epoch (int): Steps in one epoch.
+        total_steps (int): Steps of the whole run.
+        run_config (str): The run's config as JSON, stored in every checkpoint.
+        save_epochs (int): Epochs between saves.
+        save_steps (int): Steps between saves; 0 for none.
+        keep_max (int): Checkpoints of this run kept.
+        own_files (list[str]): Checkpoints of this run written before (resumed runs),
+            oldest first.
+        write (bool): Whether this process writes files (rank 0 in data parallel); every
+            rank still stops on a signal.
+    """
+
+    def __init__(self, state, stop, output_dir, prefix, steps_per_epoch, total_steps,
+                 run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
+                 write=True):
+        super().__init__()
+        self.state, self.stop = state, stop
+        self.output_dir, self.prefix = output_dir, prefix
+        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
+        self.run_config = run_config
+        self.save_epochs, self.save_steps, self.keep_max = save_epochs, save_steps, keep_max
+        self.own_files = list(own_files)
+        self.write = write
+        self.error = None
+        self.diverged = False  # the failure was non-finite parameters (not a write error)
+        self.last_saved = self.own_files[-1] if self.own_files else None
+
+    def on_train_step_end(self, run_context):
+        if self.error or self.state.nonfinite_step:
+            return
+        step = self.state.global_step
+        if self.stop.received:
+            self.save(run_context)
+            run_context.request_stop()
+        elif self.save_steps and step % self.save_steps == 0:
+            self.save(run_context)
+
+    def on_train_epoch_end(self, run_context):
+        if self.error or self.state.nonfinite_step:
+            return
+        step = self.state.global_step
+        epoch, into_epoch = divmod(step, self.steps_per_epoch)
+        if self.stop.received or (not into_epoch and (epoch % self.save_epochs == 0
+                                                      or step == self.total_steps)):
+            self.save(run_context)  # a signal during epoch-end eval saves here too
+
+    def save(self, run_context):
+        """Write the training cell's state (network, optimizer, step, run config) under the
+        current position, atomically; on failure record ``error`` and stop training."""
+        step = self.state.global_step
+        path = os.path.join(self.output_dir, checkpoint_name(self.prefix, step,
+                                                             self.steps_per_epoch))
+        if path == self.last_saved or not self.write:
+            return
+        train_network = run_context.original_args().train_network
+        if not all(np.isfinite(p.asnumpy()).all() for p in train_network.get_parameters()):
+            self.diverged = True
+            self._fail(run_context, f"non-finite parameters at global step {step}, not saved "
+                                    f"as {path}")
+            return
+        try:
+            atomic_save_checkpoint(train_network, path,
+                                   {STEP_KEY: step, CONFIG_KEY: self.run_config})
+        except (OSError, RuntimeError) as err:
+            self._fail(run_context, f"cannot write checkpoint {path}: "
+                                    f"{str(err).splitlines()[0]}")
+            return
+        self.last_saved = path
+        self.own_files = prune([p for p in self.own_files if p != path] + [path],
+                               self.keep_max)
+
+    def _fail(self, run_context, message):
+        self.error = message
+        LOGGER.error("%s; stopping", message)
+        run_context.request_stop()
 
 
 def _hms(seconds):

@@ -1,28 +1,63 @@
-"""Loading checkpoints into a network with errors that name what does not fit."""
+"""Checkpoint files: reading and checking them, atomic saving, naming, listing and pruning.
+
+Every ``.ckpt`` this package reads or writes goes through this module. Training checkpoints
+are named ModelZoo-style ``<net_name>-<epoch>_<step>.ckpt`` (1-based epoch, step within the
+epoch) and hold, besides the network: the optimizer's state, ``train_step`` (training steps
+done) and ``run_config`` (the run's resolved config as JSON, checked on resume).
+"""
+import glob
+import json
 import os
+import re
 
 import mindspore as ms
 
+from src.errors import MissingFileError, UserError
+
 CLASSIFIER_PREFIX = "fc."
+STEP_KEY = "train_step"
+CONFIG_KEY = "run_config"
+METADATA_KEYS = (STEP_KEY, CONFIG_KEY)
+NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
+# Names Model.train's training cell adds to the network's: optimizer state and counters.
+TRAINING_STATE_PREFIXES = ("moments.", "accum.", "learning_rate", "global_step", "momentum",
+                           "scale_sense", "current_iterator_step", "epoch_num", "step_num",
+                           "last_overflow_iterator_step") + METADATA_KEYS
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointError(UserError, ValueError):
+    """A checkpoint file cannot be read, or does not hold what it is used for."""
+
+
+class CheckpointMismatchError(CheckpointError):
     """A checkpoint's parameters do not match the network's (names or shapes)."""
 
 
 def read_checkpoint(path):
-    """Read a ``.ckpt`` file into a dict of name -> Parameter.
+    """Read a ``.ckpt`` file into a dict of name -> Parameter (``run_config``: str).
 
     Raises:
-        FileNotFoundError: If ``path`` does not exist.
-        ValueError: If the file cannot be read as a MindSpore checkpoint (names the file).
+        MissingFileError: If ``path`` does not exist.
+        CheckpointError: If the file cannot be read as a MindSpore checkpoint (names the file).
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise MissingFileError(f"checkpoint not found: {path}")
     try:
         return ms.load_checkpoint(path)
     except (ValueError, RuntimeError, OSError) as err:
-        raise ValueError(f"cannot read checkpoint {path}: {err}") from err
+        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+
+
+def stored_config(params):
+    """The run config stored in a training checkpoint (a dict), or None for older files."""
+    text = params.get(CONFIG_KEY)
+    return json.loads(text) if isinstance(text, str) else None
+
+
+def stored_step(params):
+    """Training steps done, from ``train_step`` (or the optimizer's ``global_step``)."""
+    value = params[STEP_KEY] if STEP_KEY in params else params["global_step"]
+    return int(value.asnumpy().reshape(-1)[0])
 
 
 def compare(net, params):
@@ -35,18 +70,12 @@ def compare(net, params):
     """
     net_params = {p.name: p for p in net.get_parameters()}
     missing = [n for n in net_params if n not in params]
-    unexpected = [n for n in params if n not in net_params and not _is_training_state(n)]
+    unexpected = [n for n in params if n not in net_params and not n.startswith(
+        TRAINING_STATE_PREFIXES)]
     mismatched = [f"{n}: checkpoint {tuple(params[n].shape)} vs network {tuple(p.shape)}"
                   for n, p in net_params.items()
                   if n in params and tuple(params[n].shape) != tuple(p.shape)]
     return missing, unexpected, mismatched
-
-
-def _is_training_state(name):
-    # Model.train checkpoints also hold the optimizer's state and counters.
-    return name.startswith(("moments.", "accum.", "learning_rate", "global_step", "momentum",
-                            "scale_sense", "current_iterator_step", "epoch_num", "step_num",
-                            "last_overflow_iterator_step", "train_step"))
 
 
 def load_into_network(net, path, drop_mismatched_classifier=False):
@@ -63,7 +92,7 @@ def load_into_network(net, path, drop_mismatched_classifier=False):
         list[str]: names of the parameters that were not loaded (dropped classifier).
 
     Raises:
-        FileNotFoundError: If the file does not exist.
+        MissingFileError: If the file does not exist.
         CheckpointMismatchError: If names or shapes do not match the network; the message
             lists the mismatched parameters (e.g. another depth or class count).
     """
@@ -76,7 +105,7 @@ def load_into_network(net, path, drop_mismatched_classifier=False):
         mismatched = []
     if missing or unexpected or mismatched:
         raise CheckpointMismatchError(_mismatch_message(path, missing, unexpected, mismatched))
-    for name in dropped:
+    for name in dropped + [k for k in METADATA_KEYS if k in params]:
         del params[name]
     ms.load_param_into_net(net, params, strict_load=True)
     return dropped
@@ -92,3 +121,95 @@ def _mismatch_message(path, missing, unexpected, mismatched, limit=10):
                                                 if len(names) > limit else "")
             lines.append(f"  {title}: {shown}")
     return "\n".join(lines)
+
+
+def atomic_save_checkpoint(net, path, append_dict=None):
+    """Save ``net`` to ``path`` so that a crash or power loss never leaves a truncated file
+    under the final name: written to a temporary name, flushed to disk (``fsync``), renamed,
+    and the folder entry flushed too.
+
+    Args:
+        net (nn.Cell or list): Network (or training cell) whose parameters are saved, or a
+            list of ``{"name": str, "data": Tensor}`` as ``mindspore.save_checkpoint`` takes.
+        path (str): Final ``.ckpt`` path.
+        append_dict (dict, optional): Extra int/float/str entries stored in the file.
+
+    Raises:
+        OSError: If the file cannot be written (disk full, permission); the temporary file
+            is removed and nothing is left under ``path``.
+    """
+    # save_checkpoint appends ".ckpt" to names without it: keep the suffix on the temp name.
+    tmp = os.path.splitext(path)[0] + ".partial.ckpt"
+    try:
+        ms.save_checkpoint(net, tmp, append_dict=append_dict)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(os.path.dirname(os.path.abspath(path)))
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint_name(prefix, global_step, steps_per_epoch):
+    """ModelZoo-style ``prefix-EPOCH_STEP.ckpt`` (1-based epoch, step within the epoch)."""
+    epoch, step = divmod(global_step - 1, steps_per_epoch)
+    return f"{prefix}-{epoch + 1}_{step + 1}.ckpt"
+
+
+def position_of(path, steps_per_epoch):
+    """Global step encoded in a checkpoint name, or None."""
+    match = NAME.search(os.path.basename(path))
+    if not match:
+        return None
+    return (int(match.group(1)) - 1) * steps_per_epoch + int(match.group(2))
+
+
+def periodic_checkpoints(output_dir, prefix, steps_per_epoch):
+    """Training checkpoints ``prefix-E_S.ckpt`` in ``output_dir``, newest position first."""
+    found = [(position_of(p, steps_per_epoch), p)
+             for p in glob.glob(os.path.join(glob.escape(output_dir), f"{prefix}-*_*.ckpt"))
+             if not p.endswith(".partial.ckpt")]
+    return [p for pos, p in sorted(found, reverse=True) if pos is not None]
+
+
+def own_checkpoints(output_dir, prefix, steps_per_epoch, up_to_step):
+    """Checkpoints of the run a resumed run continues: the periodic ones in ``output_dir`` at
+    or before ``up_to_step``, oldest first."""
+    return [p for p in reversed(periodic_checkpoints(output_dir, prefix, steps_per_epoch))
+            if position_of(p, steps_per_epoch) <= up_to_step]
+
+
+def is_resumable(path, net_param_names):
+    """Whether ``path`` reads as a training checkpoint holding every parameter of the
+    network and optimizer (a file cut at a record boundary parses but lacks the later ones).
+
+    Returns:
+        tuple(bool, str): whether it is usable, and why not (empty when usable).
+    """
+    try:
+        params = read_checkpoint(path)
+    except CheckpointError as err:
+        return False, str(err).splitlines()[0]
+    if "global_step" not in params:
+        return False, "no optimizer state (not a training checkpoint)"
+    absent = [n for n in net_param_names if n not in params]
+    if absent:
+        return False, f"{len(absent)} expected parameters absent (e.g. {absent[0]}): truncated"
+    return True, ""
+
+
+def prune(paths, keep):
+    """Delete all but the last ``keep`` of ``paths`` (oldest first); return the ones kept."""
+    for old in paths[:-keep] if keep else paths:
+        if os.path.exists(old):
+            os.remove(old)
+    return paths[-keep:] if keep else []

@@ -1,6 +1,8 @@
 """Class-name files: one name per line, or ``index<TAB>wnid<TAB>name`` (ImageNet list)."""
 import os
 
+from src.errors import MissingFileError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGENET_CLASSES = os.path.join(ROOT, "data", "imagenet_classes.tsv")
 # Label order of the CIFAR-10 binary release (batches.meta.txt).
@@ -19,7 +21,7 @@ def read_class_names(path):
         FileNotFoundError: If ``path`` does not exist.
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"class names file not found: {path}")
+        raise MissingFileError(f"class names file not found: {path}")
     with open(path, encoding="utf-8") as f:
         rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
     # A tab-separated file may start with a header row ("index  wnid  name").

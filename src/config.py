@@ -9,16 +9,27 @@ Override order, later wins: ``config.yaml`` < ``--config_path FILE`` < command-l
 """
 import argparse
 import os
+import re
 
 import yaml
+
+from src.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "config.yaml")
 TRUE_WORDS = {"true", "yes", "1", "on"}
 FALSE_WORDS = {"false", "no", "0", "off"}
+POSITIVE = ("batch_size", "epoch_size", "class_num", "image_size", "eval_resize", "log_interval",
+            "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size", "base_lr",
+            "eval_interval", "top_k", "num_parallel_workers", "loss_scale")
+"""Keys whose value must be > 0, checked for every entry point (``check_values``)."""
+NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
+                "lr_end", "label_smoothing", "device_id")
+"""Keys whose value must be >= 0."""
+SECTION = re.compile(r"^# -+ (.+?) -+$")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or flag is malformed, names an unknown key, or has a wrong value."""
 
 
@@ -160,16 +171,56 @@ def merge(cfg, updates, defaults, choices, source):
         cfg[key] = value
 
 
-def build_parser(defaults, helps, description):
-    """An ``argparse`` parser with one ``--key`` flag per config key (value read as text)."""
+def read_sections(path=DEFAULT_CONFIG):
+    """The sections of the schema file: ``# ---- name ----`` comment lines, each followed by
+    its keys.
+
+    Returns:
+        dict[str, list[str]]: section name -> keys, in file order.
+    """
+    sections, current = {}, None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("---"):
+                break
+            header = SECTION.match(line.strip())
+            if header:
+                current = sections.setdefault(header.group(1), [])
+            elif current is not None and re.match(r"^\w+:", line):
+                current.append(line.split(":", 1)[0])
+    return sections
+
+
+def build_parser(defaults, helps, description, sections=None, shown=None):
+    """An ``argparse`` parser with one ``--key`` flag per config key (value read as text).
+
+    Args:
+        defaults (dict): Key -> default value.
+        helps (dict): Key -> help text.
+        description (str): Shown first by ``--help``.
+        sections (dict[str, list[str]], optional): Section -> keys (``read_sections``).
+        shown (tuple[str], optional): The sections whose keys ``--help`` lists, grouped;
+            the other keys are accepted (recipe files and launch scripts pass them to every
+            entry point) but not listed. None: all sections.
+    """
     parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Values are checked against the types of config.yaml. Lists: --key 85,160.")
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Values are checked against the types of config.yaml. Lists: --key 85,160."
+               + ("" if shown is None else " Keys of other sections are accepted and ignored "
+                                           "(see config.yaml)."))
     parser.add_argument("--config_path", default=DEFAULT_CONFIG,
                         help="YAML recipe whose keys override config.yaml (e.g. configs/*.yaml)")
-    for key, default in defaults.items():
-        parser.add_argument(f"--{key}", default=argparse.SUPPRESS, metavar=_metavar(default),
-                            help=f"{helps[key]} (default: {default!r})")
+    sections = dict(sections or {})
+    grouped = {k for keys in sections.values() for k in keys}
+    sections["other"] = [k for k in defaults if k not in grouped]
+    for name, keys in sections.items():
+        listed = shown is None or name in shown or name == "other"
+        group = parser.add_argument_group(name) if listed else parser
+        for key in (k for k in keys if k in defaults):
+            group.add_argument(f"--{key}", default=argparse.SUPPRESS,
+                               metavar=_metavar(defaults[key]),
+                               help=f"{helps[key]} (default: {defaults[key]!r})" if listed
+                               else argparse.SUPPRESS)
     return parser
 
 
@@ -177,25 +228,51 @@ def _metavar(default):
     return type(default).__name__.upper() if not isinstance(default, list) else "LIST"
 
 
-def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAULT_CONFIG):
+def check_values(cfg):
+    """Range checks shared by every entry point: ``POSITIVE`` keys > 0, ``NON_NEGATIVE``
+    keys >= 0, ``train_crop_scale`` a [min, max] area range.
+
+    Raises:
+        ConfigError: Naming the key, its value and what was expected.
+    """
+    for key in POSITIVE:
+        if cfg[key] <= 0:
+            kind = "a positive integer" if isinstance(cfg[key], int) else "positive"
+            raise ConfigError(f"{key} must be {kind}, got {cfg[key]}")
+    for key in NON_NEGATIVE:
+        if cfg[key] < 0:
+            raise ConfigError(f"{key} must be 0 or positive, got {cfg[key]}")
+    if cfg.label_smoothing >= 1:
+        raise ConfigError(f"label_smoothing must be in [0, 1), got {cfg.label_smoothing}")
+    low, high = (cfg.train_crop_scale + [None, None])[:2]
+    if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
+        raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "
+                          f"{cfg.train_crop_scale}")
+
+
+def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAULT_CONFIG,
+                 sections=None):
     """Resolve the configuration of an entry point.
 
     Args:
         argv (list[str], optional): Command-line arguments (default: ``sys.argv[1:]``).
         description (str): Shown by ``--help``.
         schema_path (str): The schema/defaults file (``config.yaml``).
+        sections (tuple[str], optional): The config.yaml sections this entry point reads:
+            ``--help`` lists their keys only, grouped (None: every key).
 
     Returns:
         Config: every key of config.yaml with its resolved, type-checked value, plus
         ``config_path``.
 
     Raises:
-        ConfigError: For an unknown key, a value of the wrong type or outside its choices,
-            in the recipe file or on the command line. (``--help`` and flag syntax errors
-            exit through argparse.)
+        ConfigError: For an unknown key, a value of the wrong type, outside its choices or
+            its range (``check_values``), in the recipe file or on the command line.
+            (``--help`` and flag syntax errors exit through argparse.)
     """
     defaults, helps, choices = load_schema(schema_path)
-    args = build_parser(defaults, helps, description).parse_args(argv)
+    parser = build_parser(defaults, helps, description, read_sections(schema_path), sections)
+    args = parser.parse_args(argv)
     flags = vars(args)
     config_path = flags.pop("config_path")
     cfg = Config(defaults)
@@ -203,5 +280,6 @@ def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAU
         recipe = _read_yaml_documents(config_path)
         merge(cfg, recipe[0] if recipe else {}, defaults, choices, config_path)
     merge(cfg, flags, defaults, choices, "command line")
+    check_values(cfg)
     cfg["config_path"] = config_path
     return cfg

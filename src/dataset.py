@@ -19,7 +19,8 @@ import mindspore.dataset as ds
 import mindspore.dataset.transforms as transforms
 import mindspore.dataset.vision as vision
 
-from src.image_check import IMAGE_EXTENSIONS, check_image_folder
+from src.errors import MissingFileError
+from src.image_check import IMAGE_EXTENSIONS, ImageFolderError, check_image_folder
 
 # ImageNet mean / std of torchvision and NVIDIA, in units of 0-255 pixel values.
 IMAGENET_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
@@ -97,18 +98,18 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
         image_size) and ``label`` int32 (batch,).
 
     Raises:
-        FileNotFoundError: If ``data_path`` is not a folder, holds no class folders, or the
+        MissingFileError: If ``data_path`` is not a folder, holds no class folders, or the
             CIFAR-10 files are missing.
-        ValueError: If ``dataset`` is unknown or ``batch_size`` is not positive; an
-            ``ImageFolderError`` (a ValueError) names empty class folders and corrupt,
-            truncated or macOS metadata files; a short CIFAR-10 file is named.
+        ValueError: If ``dataset`` is unknown or ``batch_size`` is not positive.
+        ImageFolderError: Naming empty class folders, corrupt, truncated or macOS metadata
+            files, or a short CIFAR-10 file.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
     if dataset not in DATASET_READERS:
         raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASET_READERS)}")
     if not os.path.isdir(data_path):
-        raise FileNotFoundError(f"data_path {data_path!r} is not a folder")
+        raise MissingFileError(f"data_path {data_path!r} is not a folder")
     shuffle = is_training if shuffle is None else shuffle
     num_parallel_workers = max(1, min(num_parallel_workers, os.cpu_count() or 1))
     drop_remainder = is_training if drop_remainder is None else drop_remainder
@@ -127,10 +128,10 @@ def count_images(data_path, is_training, dataset="imagefolder"):
     """Number of images a (train or eval) split holds, without decoding any.
 
     Raises:
-        FileNotFoundError: As ``create_dataset``.
+        MissingFileError: As ``create_dataset``.
     """
     if not os.path.isdir(data_path):
-        raise FileNotFoundError(f"data_path {data_path!r} is not a folder")
+        raise MissingFileError(f"data_path {data_path!r} is not a folder")
     source, _ = DATASET_READERS[dataset](data_path, is_training, False, shuffle=False)
     return source.get_dataset_size()
 
@@ -146,12 +147,12 @@ def _cifar10_binary(data_path, is_training, check_images, **kwargs):
     names = CIFAR10_TRAIN_FILES if is_training else CIFAR10_TEST_FILES
     missing = [n for n in names if not os.path.isfile(os.path.join(data_path, n))]
     if missing:
-        raise FileNotFoundError(f"CIFAR-10 binary folder {data_path!r} lacks {missing}")
+        raise MissingFileError(f"CIFAR-10 binary folder {data_path!r} lacks {missing}")
     expected = CIFAR10_RECORDS_PER_FILE * CIFAR10_RECORD_BYTES
     sizes = {n: os.path.getsize(os.path.join(data_path, n)) for n in names}
     short = [f"{n} ({size} bytes)" for n, size in sizes.items() if size != expected]
     if short:
-        raise ValueError(f"CIFAR-10 binary folder {data_path!r}: {', '.join(short)}; each file "
+        raise ImageFolderError(f"CIFAR-10 binary folder {data_path!r}: {', '.join(short)}; each file "
                          f"must hold {CIFAR10_RECORDS_PER_FILE} records of {CIFAR10_RECORD_BYTES}"
                          f" bytes ({expected} bytes)")
     usage = "train" if is_training else "test"

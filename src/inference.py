@@ -1,4 +1,5 @@
-"""Inference helpers shared by eval.py, export.py and predict.py."""
+"""Inference helpers shared by eval.py, export.py and predict.py: loading a .ckpt, .mindir or
+.onnx model as a function of numpy images, and reading images as the eval pipeline does."""
 import os
 
 import mindspore as ms
@@ -7,22 +8,35 @@ import numpy as np
 from src.checkpoint import load_into_network
 from src.config import ConfigError
 from src.dataset import create_transforms
-from src.image_check import IMAGE_EXTENSIONS
+from src.errors import MissingFileError, UserError
+from src.image_check import IMAGE_EXTENSIONS, ImageFolderError
 from src.resnet import create_network
 
 
-def load_network(cfg):
-    """Build ``cfg.net_name`` with ``cfg.class_num`` classes, load ``cfg.checkpoint_path``
-    strictly and switch to inference mode.
+class ModelInputError(UserError, ValueError):
+    """Images do not have the input shape an exported model was exported with."""
+
+
+def load_network(net_name, class_num, checkpoint_path):
+    """Build a network, load a checkpoint into it strictly and switch to inference mode.
+
+    Args:
+        net_name (str): Architecture (``resnet18`` .. ``resnet152``).
+        class_num (int): Classifier outputs.
+        checkpoint_path (str): ``.ckpt`` file.
+
+    Returns:
+        nn.Cell: The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
 
     Raises:
-        FileNotFoundError: If the checkpoint does not exist.
+        ConfigError: If ``checkpoint_path`` is empty.
+        MissingFileError: If the checkpoint does not exist.
         CheckpointMismatchError: If the checkpoint is of another depth or class count.
     """
-    if not cfg.checkpoint_path:
-        raise FileNotFoundError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
-    net = create_network(cfg.net_name, cfg.class_num)
-    load_into_network(net, cfg.checkpoint_path)
+    if not checkpoint_path:
+        raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
+    net = create_network(net_name, class_num)
+    load_into_network(net, checkpoint_path)
     net.set_train(False)
     return net
 
@@ -31,28 +45,33 @@ def list_images(image_path):
     """An image file, or the images of a folder (sorted, recursive), as a list of paths.
 
     Raises:
-        FileNotFoundError: If the path does not exist or the folder holds no images.
+        MissingFileError: If the path does not exist or the folder holds no images.
     """
     if os.path.isfile(image_path):
         return [image_path]
     if not os.path.isdir(image_path):
-        raise FileNotFoundError(f"image_path {image_path!r} is neither a file nor a folder")
+        raise MissingFileError(f"image_path {image_path!r} is neither a file nor a folder")
     found = sorted(os.path.join(root, name) for root, _, names in os.walk(image_path)
                    for name in names
                    if os.path.splitext(name)[1] in IMAGE_EXTENSIONS and not name.startswith("."))
     if not found:
-        raise FileNotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS[:4])}) in {image_path}")
+        raise MissingFileError(f"no images ({', '.join(IMAGE_EXTENSIONS[:4])}) in {image_path}")
     return found
 
 
 def preprocess_images(paths, image_size=224, eval_resize=256):
     """Read and preprocess images exactly as the eval pipeline does.
 
+    Args:
+        paths (list[str]): Image files (JPEG, PNG, BMP).
+        image_size (int): Center crop, pixels.
+        eval_resize (int): Shorter side before the crop, pixels.
+
     Returns:
         numpy.ndarray: float32 (len(paths), 3, image_size, image_size), normalized.
 
     Raises:
-        ValueError: If a file cannot be decoded as an image (names the file).
+        ImageFolderError: If a file cannot be decoded as an image (names the file).
     """
     ops = create_transforms(False, image_size, eval_resize)
     batch = []
@@ -62,52 +81,134 @@ def preprocess_images(paths, image_size=224, eval_resize=256):
             for op in ops:  # one by one: eager Compose wraps PIL-path results in a tuple
                 image = op(image)
         except (RuntimeError, ValueError, OSError) as err:
-            raise ValueError(f"cannot decode image {path}: {str(err).splitlines()[0]}") from err
+            raise ImageFolderError(f"cannot decode image {path}: "
+                                   f"{str(err).splitlines()[0]}") from err
         batch.append(image)
     return np.stack(batch).astype(np.float32)
+
+
+def _require_file(path, kind):
+    if not os.path.isfile(path):
+        raise MissingFileError(f"{kind} file not found: {path}")
 
 
 def load_mindir(path):
     """A MindIR file as a callable ``nn.GraphCell``.
 
     Raises:
-        FileNotFoundError: If the file does not exist.
+        MissingFileError: If the file does not exist.
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"MindIR file not found: {path}")
+    _require_file(path, "MindIR")
     return ms.nn.GraphCell(ms.load(path))
 
 
+def declared_shape(dims):
+    """A model's declared input dimensions as a tuple, or None when it declares none; a
+    dimension that is not a fixed positive int (symbolic, -1 or 0: dynamic) becomes None
+    ("any size")."""
+    return tuple(d if isinstance(d, int) and d > 0 else None for d in dims or ()) or None
+
+
+def mindir_input_shape(path):
+    """The input shape a MindIR file declares (its graph's first input), read from the
+    protobuf; None if it cannot be read so (another MindIR layout, an encrypted file).
+
+    Returns:
+        tuple or None: e.g. (batch_size, 3, image_size, image_size); None in a dynamic
+        dimension.
+    """
+    try:
+        from google.protobuf.message import DecodeError
+        from mindspore.train.mind_ir_pb2 import ModelProto
+    except ImportError:
+        return None
+    model = ModelProto()
+    try:
+        with open(path, "rb") as f:
+            model.ParseFromString(f.read())
+        return declared_shape(model.graph.input[0].tensor[0].dims)
+    except (DecodeError, IndexError):
+        return None
+
+
 def load_onnx(path):
-    """An ONNX file as a function float32 (N, 3, H, W) -> logits, run by ONNX Runtime.
+    """An ONNX file in ONNX Runtime (CPU).
+
+    Returns:
+        tuple(callable, tuple or None): the model as a function float32 (N, 3, H, W) ->
+        logits, and the input shape it declares (``declared_shape``: a symbolic batch is
+        None).
 
     Raises:
-        FileNotFoundError: If the file does not exist.
-        ValueError: If onnxruntime is not installed.
+        MissingFileError: If the file does not exist.
+        ImportError: If onnxruntime is not installed (it is in requirements.txt).
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"ONNX file not found: {path}")
+    _require_file(path, "ONNX")
     try:
         import onnxruntime
     except ImportError as err:
-        raise ValueError("running an ONNX file needs ONNX Runtime: pip install onnxruntime") from err
+        raise ImportError("running an ONNX file needs ONNX Runtime: pip install onnxruntime "
+                          "(in requirements.txt)") from err
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda images: session.run(None, {name: images})[0]
+    declared = session.get_inputs()[0]
+    return ((lambda images: session.run(None, {declared.name: images})[0]),
+            declared_shape(declared.shape))
 
 
-def chunks(images, batch_size):
-    """Consecutive slices of at most ``batch_size`` images."""
-    return (images[start:start + batch_size] for start in range(0, len(images), batch_size))
+def chunks(items, batch_size):
+    """Consecutive slices of at most ``batch_size`` items (of an array or a list)."""
+    return (items[start:start + batch_size] for start in range(0, len(items), batch_size))
 
 
-def batched(forward, batch_size, kind, path):
-    """``forward`` (numpy -> numpy) for an exported model that takes exactly ``batch_size``
+def check_input_shape(shape, declared, kind, path):
+    """Compare an input's shape with the one a model declares (None: any size there).
+
+    Args:
+        shape (tuple(int)): The input's shape, (N, 3, H, W).
+        declared (tuple or None): The model's input shape; None when unknown (no check).
+        kind (str): ``MindIR`` or ``ONNX``, for the message.
+        path (str): The model file, for the message.
+
+    Raises:
+        ModelInputError: If the rank or a fixed dimension differs; names the file, both
+            shapes and the options to fix.
+    """
+    if declared is None:
+        return
+    if len(shape) == len(declared) and all(d is None or d == s for s, d in zip(shape, declared)):
+        return
+    expected = tuple("any" if d is None else d for d in declared)
+    raise ModelInputError(f"{kind} file {path} was exported for input shape {expected} but "
+                          f"gets {tuple(shape)}: pass the --batch_size and --image_size it was "
+                          f"exported with")
+
+
+def is_shape_inference_error(err):
+    """Whether ``err`` is MindSpore's failure to infer the graph's shapes for an input (the
+    error of a MindIR run on images of a size it cannot take)."""
+    return isinstance(err, RuntimeError) and "InferPrimitiveShape" in str(err)
+
+
+def batched(forward, batch_size, kind, path, input_shape=None):
+    """``forward`` (numpy -> numpy) of an exported model that takes exactly ``batch_size``
     images: any number of images, run in chunks of ``batch_size`` (the last zero-padded, the
     padding dropped from the result).
 
+    Args:
+        forward (callable): float32 (batch_size, 3, H, W) -> logits (batch_size, K).
+        batch_size (int): The batch size the model was exported with.
+        kind (str): ``MindIR`` or ``ONNX``, for messages.
+        path (str): The model file, for messages.
+        input_shape (tuple, optional): The input shape the model declares (None in a
+            dimension: any size). Unknown (None): a MindSpore shape-inference failure of
+            ``forward`` is reported as a shape mismatch.
+
+    Returns:
+        callable: float32 (N, 3, H, W) -> logits (N, K), any N.
+
     Raises:
-        ValueError: If the model rejects the input (names the file and the expected shape).
+        ModelInputError: (from the returned function) If the images do not have the model's
+            input shape. Any other failure of ``forward`` propagates unchanged.
     """
     def run(images):
         outputs = []
@@ -115,56 +216,66 @@ def batched(forward, batch_size, kind, path):
             pad = batch_size - len(chunk)
             if pad:
                 chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
+            check_input_shape(chunk.shape, input_shape, kind, path)
             try:
                 outputs.append(forward(chunk)[:batch_size - pad])
-            except Exception as err:  # noqa: BLE001  (MindSpore, ONNX Runtime: own types)
-                raise ValueError(f"{kind} {path} rejected input of shape {chunk.shape}: pass the "
-                                 f"--batch_size and --image_size it was exported with "
-                                 f"({str(err).splitlines()[0]})") from err
+            except RuntimeError as err:
+                if input_shape is not None or not is_shape_inference_error(err):
+                    raise
+                raise ModelInputError(f"{kind} file {path} cannot take input of shape "
+                                      f"{chunk.shape}: pass the --batch_size and --image_size "
+                                      f"it was exported with ({str(err).splitlines()[0]})"
+                                      ) from err
         return np.concatenate(outputs)
     return run
 
 
-def _checkpoint_predictor(cfg):
-    net = load_network(cfg)
+def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size):
+    net = load_network(net_name, class_num, checkpoint_path)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
-                                          for chunk in chunks(images, cfg.batch_size)])
+                                          for chunk in chunks(images, batch_size)])
 
 
-def _mindir_predictor(cfg):
-    graph = load_mindir(cfg.checkpoint_path)
-    return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), cfg.batch_size, "MindIR",
-                   cfg.checkpoint_path)
+def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size):
+    del net_name, class_num  # the graph holds them
+    graph = load_mindir(checkpoint_path)
+    return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), batch_size, "MindIR",
+                   checkpoint_path, mindir_input_shape(checkpoint_path))
 
 
-def _onnx_predictor(cfg):
-    return batched(load_onnx(cfg.checkpoint_path), cfg.batch_size, "ONNX model",
-                   cfg.checkpoint_path)
+def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size):
+    del net_name, class_num  # the graph holds them
+    forward, shape = load_onnx(checkpoint_path)
+    return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
 
 
 PREDICTORS = {".ckpt": _checkpoint_predictor, ".mindir": _mindir_predictor,
               ".onnx": _onnx_predictor}
 
 
-def load_predictor(cfg):
-    """The model in ``cfg.checkpoint_path`` as a function: float32 numpy images (N, 3,
-    image_size, image_size), preprocessed as in eval -> float32 numpy logits (N, class_num).
+def load_predictor(checkpoint_path, net_name, class_num, batch_size):
+    """A model file as a function: float32 numpy images (N, 3, image_size, image_size),
+    preprocessed as in eval -> float32 numpy logits (N, class_num), any N.
 
-    ``.ckpt``: ``cfg.net_name`` / ``cfg.class_num``, run in batches of at most
-    ``cfg.batch_size``. ``.mindir``: ``nn.GraphCell``; ``.onnx``: ONNX Runtime. Exported models
-    take exactly the batch size they were exported with: give it as ``cfg.batch_size``; any N
-    is run in such chunks.
+    Args:
+        checkpoint_path (str): ``.ckpt`` (MindSpore), ``.mindir`` (``nn.GraphCell``) or
+            ``.onnx`` (ONNX Runtime).
+        net_name (str): ``.ckpt`` only: the architecture.
+        class_num (int): ``.ckpt`` only: the classifier outputs.
+        batch_size (int): ``.ckpt``: images per forward pass, at most. Exported models take
+            exactly the batch size they were exported with: give that one; any N is run in
+            such chunks.
 
     Raises:
-        ValueError: If the suffix is none of these (a ``ConfigError`` naming the file).
-        FileNotFoundError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
+        ConfigError: If the suffix is none of these (names the file).
+        MissingFileError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
             ``load_onnx``.
     """
-    suffix = os.path.splitext(cfg.checkpoint_path)[1]
+    suffix = os.path.splitext(checkpoint_path)[1]
     if suffix not in PREDICTORS:
-        raise ConfigError(f"checkpoint_path {cfg.checkpoint_path!r}: expected a "
+        raise ConfigError(f"checkpoint_path {checkpoint_path!r}: expected a "
                           f"{', '.join(PREDICTORS)} file")
-    return PREDICTORS[suffix](cfg)
+    return PREDICTORS[suffix](checkpoint_path, net_name, class_num, batch_size)
 
 
 def softmax(logits):

@@ -1,11 +1,25 @@
 """A logger that writes to stdout and, optionally, a file in the output folder."""
 import logging
+import logging.handlers
 import sys
+
+EARLY_RECORDS = 10000  # lines kept for the log file before its folder is known
+
+
+class _Early(logging.handlers.BufferingHandler):
+    """Keeps the records logged before the log file exists (start-up), for that file."""
+
+    def shouldFlush(self, record):
+        return False
 
 
 def get_logger(name, log_file=None, rank=0):
     """Return a logger printing ``time rank level message`` lines; the ``src`` package's
     loggers write to the same stream and file.
+
+    Called first without ``log_file`` (start-up: the output folder is not settled yet), then
+    again with it: the lines logged in between are written to the file first, so it holds
+    the whole run.
 
     Args:
         name (str): Logger name (the entry point).
@@ -13,6 +27,7 @@ def get_logger(name, log_file=None, rank=0):
         rank (int): Device rank shown in each line (data-parallel runs).
     """
     logger = logging.getLogger(name)
+    early = [h for h in logger.handlers if isinstance(h, _Early)]
     logger.setLevel(logging.INFO)
     logger.handlers.clear()
     logger.propagate = False
@@ -20,6 +35,10 @@ def get_logger(name, log_file=None, rank=0):
     handlers = [logging.StreamHandler(sys.stdout)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+        for record in early[0].buffer if early else []:
+            handlers[-1].handle(record)
+    else:
+        handlers.append(_Early(EARLY_RECORDS))
     for handler in handlers:
         handler.setFormatter(fmt)
         logger.addHandler(handler)

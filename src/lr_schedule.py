@@ -93,13 +93,22 @@ def warmup_step_lr(peak_lr, total_steps, warmup_steps, steps_per_epoch, decay_ep
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def create_lr(cfg, steps_per_epoch, global_batch_size):
-    """The per-step LR array of a config (keys ``lr_schedule``, ``base_lr``, ...).
+def create_lr(lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch_size,
+              steps_per_epoch, warmup_epochs, lr_end=0.0, lr_decay_epochs=(),
+              lr_decay_factor=0.1):
+    """The per-step LR array of a recipe (the config keys of the same names).
 
     Args:
-        cfg (Config): Resolved config.
-        steps_per_epoch (int): Steps in one epoch on each device.
-        global_batch_size (int): ``batch_size * device_num``, images per step.
+        lr_schedule (str): ``cosine``, ``linear`` or ``step`` (``SCHEDULES``).
+        base_lr (float): LR per ``base_lr_batch_size`` images of global batch.
+        base_lr_batch_size (int): Global batch at which ``base_lr`` applies (images).
+        global_batch_size (int): ``batch_size * device_num``, images per optimizer step.
+        epoch_size (int): Training epochs.
+        steps_per_epoch (int): Optimizer steps in one epoch (per device = global).
+        warmup_epochs (int): Linear warmup length, epochs (capped at the whole run).
+        lr_end (float): Value cosine and linear decay towards (absolute, not scaled).
+        lr_decay_epochs (list[int]): ``step``: epochs at which the LR drops.
+        lr_decay_factor (float): ``step``: multiplier at each drop.
 
     Returns:
         tuple: (numpy float32 array of shape (epoch_size * steps_per_epoch,), peak LR).
@@ -107,20 +116,21 @@ def create_lr(cfg, steps_per_epoch, global_batch_size):
     Raises:
         KeyError: If ``lr_schedule`` is unknown; lists the valid names.
     """
-    if cfg.lr_schedule not in SCHEDULES:
-        raise KeyError(f"unknown lr_schedule {cfg.lr_schedule!r}; valid: {', '.join(SCHEDULES)}")
-    peak = scale_lr(cfg.base_lr, global_batch_size, cfg.base_lr_batch_size)
-    total = cfg.epoch_size * steps_per_epoch
-    warmup = min(cfg.warmup_epochs * steps_per_epoch, total)
-    return SCHEDULES[cfg.lr_schedule](peak, total, warmup, steps_per_epoch, cfg), peak
+    if lr_schedule not in SCHEDULES:
+        raise KeyError(f"unknown lr_schedule {lr_schedule!r}; valid: {', '.join(SCHEDULES)}")
+    peak = scale_lr(base_lr, global_batch_size, base_lr_batch_size)
+    total = epoch_size * steps_per_epoch
+    warmup = min(warmup_epochs * steps_per_epoch, total)
+    if lr_schedule == "step":
+        return warmup_step_lr(peak, total, warmup, steps_per_epoch, lr_decay_epochs,
+                              lr_decay_factor), peak
+    return SCHEDULES[lr_schedule](peak, total, warmup, lr_end), peak
 
 
-# name -> f(peak, total_steps, warmup_steps, steps_per_epoch, cfg): the schedule's own arguments
-SCHEDULES = {
-    "cosine": lambda peak, total, warmup, spe, cfg: warmup_cosine_lr(peak, total, warmup,
-                                                                     cfg.lr_end),
-    "linear": lambda peak, total, warmup, spe, cfg: warmup_linear_lr(peak, total, warmup,
-                                                                     cfg.lr_end),
-    "step": lambda peak, total, warmup, spe, cfg: warmup_step_lr(
-        peak, total, warmup, spe, cfg.lr_decay_epochs, cfg.lr_decay_factor),
-}
+LR_KEYS = ("lr_schedule", "base_lr", "base_lr_batch_size", "epoch_size", "warmup_epochs",
+           "lr_end", "lr_decay_epochs", "lr_decay_factor")
+"""Config keys that define the LR recipe (``create_lr``'s arguments besides the batch and
+the steps per epoch)."""
+
+SCHEDULES = {"cosine": warmup_cosine_lr, "linear": warmup_linear_lr, "step": warmup_step_lr}
+"""Schedule name -> function; cosine and linear take (peak, total, warmup, end)."""

@@ -1,29 +1,27 @@
-"""Checkpoints that resume exactly: saved atomically with the optimizer state, found again
-(``auto``), and restored with the position in the LR schedule and in the data order.
+"""Resuming a run exactly: which checkpoint (``--resume_ckpt PATH|auto``), whether it belongs to
+the same recipe, agreement of all ranks, and restoring the network, optimizer and position.
 
-A checkpoint holds the network, the optimizer's momentum buffers and its ``global_step`` (which
-indexes the per-step LR array), plus ``train_step``, the number of training steps done (under
-loss scaling on GPU/Ascend an overflowed step skips the optimizer, so ``global_step`` lags). The data order is restored by
-building each epoch's pipeline from (seed, epoch) alone (``epoch_seed``) and skipping the
-batches already trained in a partly done epoch.
+The LR array comes from the config and is indexed by the optimizer's ``global_step``; the
+data order is restored by building each epoch's pipeline from (seed, epoch) alone
+(``epoch_seed``) and skipping the batches already trained in a partly done epoch.
 """
-import glob
 import logging
 import os
-import re
-import signal
 
 import mindspore as ms
-import numpy as np
-from mindspore.train import Callback
 
-from src.callbacks import atomic_save_checkpoint, step_status
-from src.checkpoint import compare, read_checkpoint
+from src.checkpoint import (CheckpointError, checkpoint_name, compare, is_resumable,
+                            periodic_checkpoints, read_checkpoint, stored_config, stored_step,
+                            METADATA_KEYS)
+from src.config import ConfigError
+from src.errors import UserError
+from src.lr_schedule import LR_KEYS
 
 LOGGER = logging.getLogger(__name__)
-NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
-STEP_KEY = "train_step"
-NOT_RESTORED = ("learning_rate", STEP_KEY)  # the LR array comes from the config
+NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the config
+RESUME_KEYS = ("net_name", "class_num", "batch_size", "device_num") + LR_KEYS
+"""Keys a resumed run must share with its checkpoint: they fix the steps per epoch, the
+network's shapes and the per-step LR array."""
 
 
 def epoch_seed(seed, epoch):
@@ -31,175 +29,135 @@ def epoch_seed(seed, epoch):
     return seed * 100003 + epoch
 
 
-def checkpoint_name(prefix, global_step, steps_per_epoch):
-    """ModelZoo-style ``prefix-EPOCH_STEP.ckpt`` (1-based epoch, step within the epoch)."""
-    epoch, step = divmod(global_step - 1, steps_per_epoch)
-    return f"{prefix}-{epoch + 1}_{step + 1}.ckpt"
+def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):
+    """The newest usable training checkpoint in ``output_dir`` (``--resume_ckpt auto``).
 
+    Unusable ones (unreadable, cut short, without optimizer state) are passed over with a
+    warning naming them, and the previous one is tried.
 
-def position_of(path, steps_per_epoch):
-    """Global step encoded in a checkpoint name, or None."""
-    match = NAME.search(os.path.basename(path))
-    if not match:
-        return None
-    return (int(match.group(1)) - 1) * steps_per_epoch + int(match.group(2))
+    Args:
+        output_dir (str): Folder of the run.
+        prefix (str): Checkpoint name prefix (the network name).
+        steps_per_epoch (int): Steps in one epoch (decodes the names).
+        param_names (list[str]): Every parameter name the training cell (network and
+            optimizer) expects.
 
-
-def periodic_checkpoints(output_dir, prefix, steps_per_epoch):
-    """Checkpoints written by ``CheckpointSaver`` in ``output_dir``, newest first."""
-    found = [(position_of(p, steps_per_epoch), p)
-             for p in glob.glob(os.path.join(output_dir, f"{prefix}-*_*.ckpt"))]
-    return [p for pos, p in sorted(found, reverse=True) if pos is not None]
-
-
-def find_resume_checkpoint(output_dir, prefix, steps_per_epoch):
-    """The newest readable training checkpoint in ``output_dir`` (``--resume_ckpt auto``).
-
-    Unreadable ones (truncated, corrupt, without optimizer state) are passed over with a
-    warning naming them. Returns None when there is none.
+    Returns:
+        str or None: the path, or None when there is none.
     """
     for path in periodic_checkpoints(output_dir, prefix, steps_per_epoch):
-        try:
-            params = read_checkpoint(path)
-        except ValueError as err:
-            LOGGER.warning("skipping unreadable checkpoint %s (%s); trying the previous one",
-                           path, str(err).splitlines()[0])
-            continue
-        if "global_step" not in params:
-            LOGGER.warning("skipping %s: no optimizer state (not a training checkpoint)", path)
-            continue
-        return path
+        usable, why = is_resumable(path, param_names)
+        if usable:
+            return path
+        LOGGER.warning("skipping checkpoint %s (%s); trying the previous one", path, why)
     return None
 
 
-def restore_training_state(net, optimizer, path):
-    """Load network and optimizer state; return the number of training steps already done.
+def check_same_recipe(path, stored, current, keys=RESUME_KEYS):
+    """Refuse to resume a checkpoint written under other values of ``keys``.
 
     Args:
-        net (nn.Cell): The network.
-        optimizer (nn.Optimizer): Its optimizer (momentum buffers, ``global_step``).
-        path (str): A checkpoint written by ``CheckpointSaver``.
+        path (str): The checkpoint, for the message.
+        stored (dict or None): Its ``run_config`` (None for files without one: accepted).
+        current (dict): This run's config (``device_num`` the real device count).
+        keys (tuple[str]): Keys that must agree.
 
     Raises:
-        ValueError: If the file is unreadable, lacks optimizer state, or does not fit the
+        ConfigError: Naming every differing key with both values, and the way out.
+    """
+    if stored is None:
+        LOGGER.warning("%s stores no run config: cannot check that it was trained with the "
+                       "same batch size and LR recipe", path)
+        return
+    differ = [f"{k} {current[k]!r} (checkpoint: {stored[k]!r})" for k in keys
+              if k in stored and stored[k] != current[k]]
+    if differ:
+        raise ConfigError(f"cannot resume {path} with other {', '.join(differ)}: the steps per "
+                          f"epoch, the network or the LR schedule would silently mean something "
+                          f"else. Use the checkpoint's values, start a new run in another "
+                          f"--output_dir, or pass --resume_ignore_config true if you mean it")
+
+
+def restore_training_state(train_network, path):
+    """Load network and optimizer state from a checkpoint written by ``CheckpointSaver``.
+
+    Args:
+        train_network (nn.Cell): The training cell (network, optimizer, loss scale), as
+            ``Model.train_network``; every parameter it has must be in the file.
+        path (str): The checkpoint.
+
+    Returns:
+        tuple(int, dict or None): training steps already done, and the stored run config.
+
+    Raises:
+        MissingFileError: If the file does not exist.
+        CheckpointError: If it is unreadable, lacks optimizer state, or does not fit the
             network (names the parameters).
     """
     params = read_checkpoint(path)
     if "global_step" not in params:
-        raise ValueError(f"{path} holds no optimizer state: not a training checkpoint "
-                         f"(use --pre_trained to start from its weights)")
-    missing, _, mismatched = compare(net, params)
+        raise CheckpointError(f"{path} holds no optimizer state: not a training checkpoint "
+                              f"(use --pre_trained to start from its weights)")
+    missing, _, mismatched = compare(train_network, params)
+    missing = [n for n in missing if not n.startswith(NOT_RESTORED)]
+    mismatched = [m for m in mismatched if not m.startswith(NOT_RESTORED)]
     if missing or mismatched:
-        raise ValueError(f"checkpoint {path} does not fit the network: missing {missing[:5]}, "
-                         f"shape mismatch {mismatched[:5]}")
-    steps_done = params[STEP_KEY] if STEP_KEY in params else params["global_step"]
+        raise CheckpointError(f"checkpoint {path} does not fit this run: missing {missing[:5]}"
+                              f"{' (cut short?)' if missing else ''}, shape mismatch "
+                              f"{mismatched[:5]}")
+    steps_done, config = stored_step(params), stored_config(params)
     for name in NOT_RESTORED:
         params.pop(name, None)
-    ms.load_param_into_net(net, params, strict_load=True)
-    not_loaded, _ = ms.load_param_into_net(optimizer, params)
-    state = [n for n in not_loaded if n.startswith(("moments.", "global_step"))]
-    if state:
-        raise ValueError(f"checkpoint {path} lacks optimizer state {state[:5]}")
-    return int(steps_done.asnumpy().reshape(-1)[0])
+    ms.load_param_into_net(train_network, params, strict_load=False)
+    return steps_done, config
 
 
-class CheckpointSaver(Callback):
-    """Save resumable checkpoints atomically; on SIGINT/SIGTERM save at the current step and stop.
+def agree_across_ranks(local_path, output_dir, prefix, steps_per_epoch, param_names, gather):
+    """Make every rank resume from the same step: rank 0's choice.
 
-    Saves every ``save_epochs`` epochs, at the end of training, and every ``save_steps``
-    steps when positive; keeps the newest ``keep_max``. Nothing is saved after a non-finite
-    loss, nor parameters that are not all finite (an update can overflow one step before the
-    loss does), so the newest checkpoint stays the last good one.
+    Without a shared filesystem each host resolves ``auto`` in its own ``output_dir``; a
+    rank that started from scratch while the others resumed would hang the collectives.
+    Rank 0's checkpoint (by position) is the decision; every rank must hold a usable file of
+    that name in its own ``output_dir`` (shared, or copied there).
 
     Args:
-        output_dir (str): Folder of the checkpoints.
-        prefix (str): File name prefix (the network name).
-        steps_per_epoch (int): Steps in one epoch.
-        total_steps (int): Steps of the whole run.
-        start_step (int): Steps already done (resumed runs).
-        save_epochs (int): Epochs between saves.
-        save_steps (int): Steps between saves; 0 for none.
-        keep_max (int): Checkpoints kept.
-        write (bool): Whether this process writes files (rank 0 in data parallel); every
-            rank still stops on a signal.
+        local_path (str): This rank's resolved checkpoint ("" for none).
+        output_dir, prefix, steps_per_epoch: As ``find_resume_checkpoint``.
+        param_names (list[str]): Parameter names a usable checkpoint must hold.
+        gather (callable): ``gather(int) -> list[int]``, the value of every rank in rank
+            order (an all-gather).
+
+    Returns:
+        str: the path this rank resumes from ("" when rank 0 starts from scratch).
+
+    Raises:
+        ConfigError: On every rank when any rank lacks rank 0's checkpoint; names the ranks
+            and the file.
     """
+    try:  # no rank may raise before the gathers: the others would wait for it forever
+        position = stored_step(read_checkpoint(local_path)) if local_path else 0
+    except (UserError, KeyError):
+        position = -1
+    chosen = gather(position)[0]
+    if chosen < 0:
+        raise ConfigError(f"rank 0 cannot read its resume checkpoint (--resume_ckpt "
+                          f"{local_path or 'auto'} in {output_dir}); see rank 0's log")
+    path = ""
+    usable = True
+    if chosen:
+        path = local_path if position == chosen else _path_at(output_dir, prefix, chosen,
+                                                              steps_per_epoch)
+        usable = bool(path) and is_resumable(path, param_names)[0]
+    lacking = [rank for rank, ok in enumerate(gather(int(usable))) if not ok]
+    if lacking:
+        name = checkpoint_name(prefix, chosen, steps_per_epoch)
+        raise ConfigError(f"rank 0 resumes from {name} (step {chosen}) but ranks {lacking} have "
+                          f"no usable copy of it in their output_dir {output_dir}: without a "
+                          f"shared filesystem copy it there on every host, or pass "
+                          f"--resume_ckpt PATH")
+    return path
 
-    def __init__(self, output_dir, prefix, steps_per_epoch, total_steps, start_step=0,
-                 save_epochs=1, save_steps=0, keep_max=10, write=True):
-        super().__init__()
-        self.output_dir, self.prefix = output_dir, prefix
-        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
-        self.global_step = start_step
-        self.save_epochs, self.save_steps, self.keep_max = save_epochs, save_steps, keep_max
-        self.write = write
-        self.signal_received = None
-        self.failed = False
-        self.last_saved = None
-        self._previous_handlers = {}
-        self._handlers_installed = False
 
-    def on_train_begin(self, run_context):
-        self._handlers_installed = False
-
-    def _install_signal_handlers(self):
-        """Catch SIGINT and SIGTERM: the next step end saves and stops training. Installed at
-        the first step of each Model.train call: the data pipeline's iterator sets its own
-        SIGINT handler when it starts (it would turn Ctrl-C into a SIGTERM)."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.signal(signum, self._on_signal)
-            self._previous_handlers.setdefault(signum, previous)
-        self._handlers_installed = True
-
-    def restore_signal_handlers(self):
-        """Put back the handlers found before the first ``on_train_begin``."""
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-
-    def _on_signal(self, signum, frame):
-        del frame
-        # The first one counts: on SIGINT MindSpore's data layer also sends the process a SIGTERM.
-        self.signal_received = self.signal_received or signal.Signals(signum).name
-
-    def on_train_step_end(self, run_context):
-        cb = run_context.original_args()
-        if not self._handlers_installed:
-            self._install_signal_handlers()
-        self.global_step += 1
-        if self.failed or step_status(cb.net_outputs)[0] == "nonfinite":
-            self.failed = True
-            return
-        if self.signal_received:
-            self.save(cb.train_network)
-            run_context.request_stop()
-        elif self.save_steps and self.global_step % self.save_steps == 0:
-            self.save(cb.train_network)
-
-    def on_train_epoch_end(self, run_context):
-        cb = run_context.original_args()
-        if self.signal_received and not self.failed:
-            self.save(cb.train_network)  # the signal came after the last step (e.g. in eval)
-            return
-        if self.failed:
-            return
-        at_epoch_end = self.global_step % self.steps_per_epoch == 0
-        epoch = self.global_step // self.steps_per_epoch
-        if at_epoch_end and (epoch % self.save_epochs == 0 or self.global_step == self.total_steps):
-            self.save(cb.train_network)
-
-    def save(self, train_network):
-        """Write the network and optimizer state under the current position, atomically."""
-        path = os.path.join(self.output_dir, checkpoint_name(self.prefix, self.global_step,
-                                                             self.steps_per_epoch))
-        if path == self.last_saved or not self.write:
-            return
-        if not all(np.isfinite(p.asnumpy()).all() for p in train_network.get_parameters()):
-            self.failed = True
-            LOGGER.error("not saving %s: non-finite parameters after global step %d", path,
-                         self.global_step)
-            return
-        atomic_save_checkpoint(train_network, path, {STEP_KEY: self.global_step})
-        self.last_saved = path
-        for old in periodic_checkpoints(self.output_dir, self.prefix,
-                                        self.steps_per_epoch)[self.keep_max:]:
-            os.remove(old)
-
+def _path_at(output_dir, prefix, step, steps_per_epoch):
+    path = os.path.join(output_dir, checkpoint_name(prefix, step, steps_per_epoch))
+    return path if os.path.isfile(path) else ""

@@ -1,26 +1,67 @@
-"""Shared fixtures. MindSpore gets the same oneDNN setting as the entry points."""
+"""Shared fixtures. MindSpore gets the same oneDNN setting as the entry points.
+
+Every test runs on the real images shipped in ``data/`` except the large real-data checks,
+which take ``shared_data`` (``../shared/data`` beside the repository): without it they are
+skipped with the reason printed (``-rfEs`` in pytest.ini), or fail when ``CI`` is set, since CI
+has the data and must run them all.
+"""
+import glob
 import os
+import re
 
 import pytest
 
 from src.env import set_cpu_fast_path
-from tests.helpers import SHARED_DATA, copy_class_folders
+from tests.helpers import (CIFAR_SAMPLE, SHARED_DATA, copy_class_folders, require_shared_data,
+                           run_entry)
 
 set_cpu_fast_path()  # before any test module imports MindSpore
 
 
 @pytest.fixture(scope="session")
 def shared_data():
-    """``../shared/data`` beside the repository (real CIFAR-10 and ImageNet images)."""
-    if not os.path.isdir(SHARED_DATA):
-        pytest.fail(f"real test data not found at {SHARED_DATA} (../shared/data)")
-    return SHARED_DATA
+    """``../shared/data`` beside the repository: the full real CIFAR-10 and the 1,000-image
+    ImageNet sample, for checks too large to ship (skipped without it, or failed under CI).
+
+    Returns:
+        str: The folder.
+    """
+    return require_shared_data(SHARED_DATA, os.environ)
 
 
 @pytest.fixture(scope="session")
-def cifar_small(shared_data, tmp_path_factory):
-    """Real CIFAR-10 JPEGs: 8 train and 3 test images per class, in class folders."""
+def cifar_small(tmp_path_factory):
+    """Real CIFAR-10 JPEGs copied from the shipped sample (``data/cifar10_sample``): the first
+    8 train and 3 test images of each class, in class folders.
+
+    Returns:
+        dict: ``train`` and ``test`` class-folder roots.
+    """
     root = tmp_path_factory.mktemp("cifar_small")
-    src = os.path.join(shared_data, "cifar10")
-    return {"train": copy_class_folders(os.path.join(src, "train"), str(root / "train"), 8),
-            "test": copy_class_folders(os.path.join(src, "test"), str(root / "test"), 3)}
+    return {"train": copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"),
+                                        str(root / "train"), 8),
+            "test": copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"),
+                                       str(root / "test"), 3)}
+
+
+@pytest.fixture(scope="session")
+def quick_start(tmp_path_factory):
+    """The quick start's training run: train.py with ``configs/quick_start.yaml`` (ResNet-18,
+    8 epochs on the shipped CIFAR-10 sample), as ``scripts/run_quick_start.sh`` runs it, into
+    a temporary folder. Trained weights for the tests that need a network above chance.
+
+    Returns:
+        dict: ``out`` (the output folder) and ``ckpt`` (its newest checkpoint, the one the
+        quick start script evaluates).
+    """
+    out = str(tmp_path_factory.mktemp("quick_start"))
+    result = run_entry("train.py", "--config_path", "configs/quick_start.yaml", "--output_dir",
+                       out, timeout=1800)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    steps = {}  # resnet18-EPOCH_STEP.ckpt -> (epoch, step)
+    for path in glob.glob(os.path.join(out, "resnet18-*_*.ckpt")):
+        match = re.fullmatch(r"resnet18-(\d+)_(\d+)\.ckpt", os.path.basename(path))
+        if match:
+            steps[path] = (int(match.group(1)), int(match.group(2)))
+    assert steps, f"the quick start wrote no checkpoint in {out}"
+    return {"out": out, "ckpt": max(steps, key=steps.get)}

@@ -5,7 +5,46 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Real images shipped in the repository: enough for every test but the large real-data checks.
+CIFAR_SAMPLE = os.path.join(ROOT, "data", "cifar10_sample")
+IMAGENET_SMALL = os.path.join(ROOT, "data", "imagenet_sample_small")
+GREYSCALE_JPEG = os.path.join(IMAGENET_SMALL, "n02096051", "n02096051_Airedale.JPEG")
+# The full real data sets beside the repository (CI has them; a fresh clone may not).
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+def imagenet_images():
+    """Paths of the shipped ImageNet JPEGs, one per class folder, in class (sorted wnid) order.
+
+    Returns:
+        list[str]: Image paths.
+    """
+    return [os.path.join(IMAGENET_SMALL, w, sorted(os.listdir(os.path.join(IMAGENET_SMALL, w)))[0])
+            for w in sorted(os.listdir(IMAGENET_SMALL))]
+
+
+def require_shared_data(path, environ):
+    """``path`` (the shared real data) if it is a folder; otherwise skip the calling test with
+    the reason, or fail it when ``environ`` has ``CI`` set to a true value (CI has the data,
+    so its absence there is an error, never a silent skip).
+
+    Returns:
+        str: ``path``.
+
+    Raises:
+        pytest.skip.Exception: If ``path`` is missing outside CI.
+        pytest.fail.Exception: If ``path`` is missing in CI.
+    """
+    import pytest
+
+    if os.path.isdir(path):
+        return path
+    reason = (f"large real-data check: needs ../shared/data beside the repository ({path} does "
+              f"not exist; see data/README.md)")
+    if environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        pytest.fail(f"{reason}; CI is set, so a missing data folder is a failure")
+    pytest.skip(reason)
+
 
 def copy_class_folders(src_root, dst_root, per_class, classes=None):
     """Copy the first ``per_class`` images of each class folder (sorted) into ``dst_root``."""
@@ -14,6 +53,7 @@ def copy_class_folders(src_root, dst_root, per_class, classes=None):
         for name in sorted(os.listdir(os.path.join(src_root, cls)))[:per_class]:
             shutil.copy(os.path.join(src_root, cls, name), os.path.join(dst_root, cls, name))
     return dst_root
+
 
 def run_entry(script, *args, timeout=600):
     """Run an entry point as a user would (fresh interpreter, repo root); return the result."""

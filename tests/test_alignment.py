@@ -5,7 +5,8 @@ Same weights (converted with tools/convert_torch_checkpoint.py), same inputs:
 2. ResNet-50 training steps: loss, every gradient, every parameter after Momentum vs
    torch.optim.SGD with the same parameter groups, BN running statistics;
 3. the per-step LR array vs NVIDIA's warmup + cosine written out here;
-4. eval preprocessing vs Pillow (torchvision's transforms on PIL images);
+4. eval preprocessing vs Pillow (torchvision's transforms on PIL images), on the shipped
+   ImageNet JPEGs and, when ``../shared/data`` is there, on all 1,000 of the ImageNet sample;
 5. a few training steps on real CIFAR-10 images: the loss curves.
 The measured differences are printed (pytest -s shows them) and bounded by the asserts.
 """
@@ -26,7 +27,7 @@ from src.lr_schedule import warmup_cosine_lr
 from src.optimizer import create_optimizer, split_weight_decay
 from src.resnet import batch_norm, create_network
 from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
-from tests.helpers import interleaved_class_images
+from tests.helpers import CIFAR_SAMPLE, imagenet_images, interleaved_class_images
 from tests.torch_resnet import torch_resnet
 from tools.convert_torch_checkpoint import ms_to_torch_names
 
@@ -34,17 +35,22 @@ WEIGHT_DECAY = 1 / 32768
 MOMENTUM = 0.875
 
 
-def imagenet_paths(shared_data, count, step=97):
-    root = os.path.join(shared_data, "imagenet_sample")
-    wnids = sorted(os.listdir(root))[::step][:count]
-    return [os.path.join(root, w, sorted(os.listdir(os.path.join(root, w)))[0]) for w in wnids]
+def imagenet_paths(count, step):
+    """``count`` of the shipped ImageNet JPEGs, every ``step``-th class folder from the first.
+
+    Returns:
+        list[str]: Image paths.
+    """
+    paths = imagenet_images()[::step][:count]
+    assert len(paths) == count, f"only {len(paths)} shipped images every {step}th"
+    return paths
 
 
 # ---- 1. forward ----
 
-def test_eval_logits_equal_at_224(shared_data):
+def test_eval_logits_equal_at_224():
     tnet, net = reference_pair("resnet50", 1000)
-    images = preprocess_images(imagenet_paths(shared_data, 4), 224, 256)
+    images = preprocess_images(imagenet_paths(4, step=6), 224, 256)
     tnet.eval()
     net.set_train(False)
     with torch.no_grad():
@@ -120,9 +126,9 @@ def worst_and_median(ours, ref, keys):
 
 
 @pytest.fixture(scope="module")
-def step_batch(shared_data):
+def step_batch():
     """8 real ImageNet images at 64 px (eval preprocessing) and 10-class labels."""
-    images = preprocess_images(imagenet_paths(shared_data, 8, step=53), 64, 73)
+    images = preprocess_images(imagenet_paths(8, step=3), 64, 73)
     return images, np.arange(8, dtype=np.int32) % 10
 
 
@@ -295,36 +301,73 @@ def pillow_eval_tensor(path, resize=256, crop=224):
     return x.transpose(2, 0, 1)
 
 
-def test_eval_preprocessing_equals_torchvision_on_pil(shared_data):
+def preprocessing_diff(paths, chunk=50):
+    """Our eval preprocessing (predict's, the dataset pipeline's) against torchvision's on
+    Pillow, ``chunk`` images at a time.
+
+    Returns:
+        tuple(float, float): max |diff| in 0-255 pixel units, and normalized.
+    """
+    pixel, normalized = 0.0, 0.0
+    for i in range(0, len(paths), chunk):
+        ref = np.stack([pillow_eval_tensor(p) for p in paths[i:i + chunk]])
+        ours = preprocess_images(paths[i:i + chunk], 224, 256)
+        assert ours.shape == ref.shape
+        diff = np.abs(ours - ref)
+        normalized = max(normalized, float(diff.max()))
+        pixel = max(pixel, float((diff * np.array(IMAGENET_STD)[None, :, None, None]).max()))
+    return pixel, normalized
+
+
+def image_modes(paths):
+    """The Pillow modes of ``paths`` with their counts, e.g. {"RGB": 19, "L": 5}."""
+    modes = {}
+    for path in paths:
+        with Image.open(path) as im:
+            modes[im.mode] = modes.get(im.mode, 0) + 1
+    return modes
+
+
+def test_eval_preprocessing_equals_torchvision_on_pil():
     """Both the dataset pipeline and predict's preprocessing give torchvision's tensors:
-    same JPEG decoder (libjpeg), PIL's antialiased bilinear resize, same crop offsets."""
-    paths = imagenet_paths(shared_data, 24, step=41)
-    paths.append(os.path.join(shared_data, "imagenet_sample", "n02096051",
-                              "n02096051_Airedale.JPEG"))  # a greyscale JPEG
-    ref = np.stack([pillow_eval_tensor(p) for p in paths])
-    ours = preprocess_images(paths, 224, 256)
-    pixel = np.abs(ours - ref) * np.array(IMAGENET_STD)[None, :, None, None]  # 0-255 units
+    same JPEG decoder (libjpeg), PIL's antialiased bilinear resize, same crop offsets; on the
+    shipped JPEGs, from 68x121 to 1200x900, greyscale and CMYK among them."""
+    paths = imagenet_images()
+    modes = image_modes(paths)
+    assert modes.get("L", 0) >= 2 and modes.get("CMYK", 0) >= 2, modes
+    pixel, normalized = preprocessing_diff(paths)
+    print(f"\n[align] eval preprocessing vs torchvision/Pillow on {len(paths)} shipped ImageNet "
+          f"JPEGs {modes}: max |diff| {pixel:.2e} of 255 (normalized {normalized:.2e})")
+    assert pixel < 1e-3  # float32 normalization rounding only
+
+
+def test_eval_preprocessing_equals_torchvision_on_the_imagenet_sample(shared_data):
+    """The same on every image of ``../shared/data/imagenet_sample`` (1,000 classes, 23
+    greyscale JPEGs): too large to ship."""
+    root = os.path.join(shared_data, "imagenet_sample")
+    paths = [os.path.join(root, w, name) for w in sorted(os.listdir(root))
+             for name in sorted(os.listdir(os.path.join(root, w)))]
+    assert len(paths) == 1000
+    pixel, normalized = preprocessing_diff(paths)
     print(f"\n[align] eval preprocessing vs torchvision/Pillow on {len(paths)} ImageNet JPEGs: "
-          f"max |diff| {pixel.max():.2e} of 255 (normalized {np.abs(ours - ref).max():.2e})")
-    assert ours.shape == ref.shape
-    assert pixel.max() < 1e-3  # float32 normalization rounding only
+          f"max |diff| {pixel:.2e} of 255 (normalized {normalized:.2e})")
+    assert pixel < 1e-3
 
 
 # ---- 5. loss curves ----
 
-def cifar_batches(shared_data, batch, steps):
-    """CIFAR-10 train images, class by class in turn: fixed order, no augmentation."""
-    paths, labels = interleaved_class_images(os.path.join(shared_data, "cifar10", "train"),
-                                             batch * steps)
+def cifar_batches(batch, steps):
+    """Shipped CIFAR-10 train images, class by class in turn: fixed order, no augmentation."""
+    paths, labels = interleaved_class_images(os.path.join(CIFAR_SAMPLE, "train"), batch * steps)
     return preprocess_images(paths, 32, 32), labels
 
 
-def test_training_loss_curves_agree_on_cifar(shared_data):
+def test_training_loss_curves_agree_on_cifar():
     """Eight steps of ResNet-18 from the same (torchvision-initialized) weights on real CIFAR-10
     images, batch 32, LR 0.005; the yard stick is again torch against itself in channels_last
     layout (layer4 is 1x1 at 32 px: BatchNorm over 32 values per channel)."""
     steps, batch = 8, 32
-    images, labels = cifar_batches(shared_data, batch, steps)
+    images, labels = cifar_batches(batch, steps)
     torch.manual_seed(7)
     tnet = torch_resnet("resnet18", 10)
     net = create_network("resnet18", 10)

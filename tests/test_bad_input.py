@@ -10,7 +10,7 @@ from PIL import Image
 
 from src.image_check import ImageFolderError, check_image_folder
 from src.resnet import create_network
-from tests.helpers import copy_class_folders, run_entry
+from tests.helpers import GREYSCALE_JPEG, copy_class_folders, run_entry
 
 COMMON = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
           "--run_eval", "false"]
@@ -91,14 +91,13 @@ def test_corrupt_file_with_the_check_off_is_still_named(folder):
     assert "cannot decode image" in message and "corrupt.jpg" in message
 
 
-def test_png_cmyk_greyscale_decode_and_gif_is_skipped(folder, shared_data):
+def test_png_cmyk_greyscale_decode_and_gif_is_skipped(folder):
     cat = os.path.join(folder, "cat")
     with Image.open(os.path.join(cat, "0000.jpg")) as im:
         im.save(os.path.join(cat, "as_png.png"))
         im.convert("CMYK").save(os.path.join(cat, "cmyk.jpg"))
         im.save(os.path.join(cat, "anim.gif"))
-    grey = os.path.join(shared_data, "imagenet_sample", "n02096051", "n02096051_Airedale.JPEG")
-    shutil.copy(grey, os.path.join(folder, "dog", "grey.JPEG"))
+    shutil.copy(GREYSCALE_JPEG, os.path.join(folder, "dog", "grey.JPEG"))
     out = os.path.join(os.path.dirname(folder), "ok")
     result = run_entry("train.py", *COMMON, "--class_num", "2", "--data_path", folder,
                        "--eval_data_path", folder, "--run_eval", "true", "--epoch_size", "1",

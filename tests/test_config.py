@@ -79,13 +79,24 @@ def test_value_outside_choices_is_named():
         parse_config(["--device_target", "TPU"])
 
 
-def test_every_key_has_help_and_help_lists_them():
+def test_every_key_has_help_and_each_entry_point_lists_its_sections():
+    import importlib
+    import re
+
+    from src.config import read_sections
     defaults, helps, _ = load_schema()
     assert set(defaults) == set(helps)
-    result = run_entry("train.py", "--help", timeout=120)
-    assert result.returncode == 0
-    for key in defaults:
-        assert f"--{key}" in result.stdout
+    sections = read_sections()
+    assert sorted(k for keys in sections.values() for k in keys) == sorted(defaults)
+    listed_somewhere = set()
+    for script in ("train", "eval", "export", "predict"):
+        result = run_entry(f"{script}.py", "--help", timeout=120)
+        assert result.returncode == 0
+        listed = set(re.findall(r"^  --(\w+)", result.stdout, re.M)) - {"config_path", "help"}
+        wanted = {k for name in importlib.import_module(script).SECTIONS for k in sections[name]}
+        assert listed == wanted, script
+        listed_somewhere |= listed
+    assert listed_somewhere == set(defaults)
 
 
 def test_recipes_in_configs_folder_load():

@@ -132,40 +132,84 @@ def test_unmatched_and_misshaped_names_are_listed(r18_pth, tmp_path):
 
 
 def test_bad_suffix_and_missing_input(tmp_path):
-    assert "got" in run_tool(tmp_path / "a.pth", tmp_path / "b.onnx").stderr
+    result = run_tool(tmp_path / "a.pth", tmp_path / "b.onnx")
+    assert result.returncode == 2 and "got" in result.stderr and "b.onnx" in result.stderr
     with pytest.raises(ConversionError, match="not a ResNet"):
         torch_state_to_ms_arrays({"conv.weight": torch.zeros(1)})
     result = run_tool(tmp_path / "missing.pth", tmp_path / "x.ckpt")
     assert result.returncode == 2 and "input not found" in result.stderr
 
 
-def test_converted_weights_give_torch_accuracy_in_eval_py(cifar_small, tmp_path):
-    """A torch checkpoint converted and evaluated with eval.py scores what torch scores on the
-    same real images with torchvision's eval preprocessing (written out in the alignment
-    tests)."""
+TORCH_BN_NAMES = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
+                  "moving_variance": "running_var"}
+
+
+def trained_torch_net(ckpt):
+    """A torch ResNet-18 holding the network weights of our training checkpoint ``ckpt``,
+    renamed here by torchvision's rules (not by the converter under test).
+
+    Returns:
+        torch.nn.Module: The network, in eval mode.
+    """
+    params = ms.load_checkpoint(str(ckpt))
+    state = {}
+    for param in create_network("resnet18", 10).get_parameters():
+        prefix, last = param.name.rsplit(".", 1)
+        state[f"{prefix}.{TORCH_BN_NAMES.get(last, last)}"] = torch.from_numpy(
+            params[param.name].asnumpy())
+    tnet = torch_resnet("resnet18", 10)
+    missing, unexpected = tnet.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    return tnet.eval()
+
+
+def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path):
+    """Trained weights (the quick start's checkpoint) as a torchvision .pth, converted with the
+    tool: eval.py on the converted checkpoint scores torch's top-1 on the .pth (torchvision's
+    eval preprocessing, written out in the alignment tests) on the 200 shipped test images, and
+    that top-1 is well above chance, so that a wrong mapping (e.g. BatchNorm statistics
+    swapped) shows: a random network scores chance in both."""
     import json
 
-    from tests.helpers import run_entry
+    from tests.helpers import CIFAR_SAMPLE, run_entry
     from tests.test_alignment import pillow_eval_tensor
 
-    torch.manual_seed(11)
-    tnet = torch_resnet("resnet18", 10).eval()
-    torch.save(tnet.state_dict(), tmp_path / "r18.pth")
-    assert run_tool(tmp_path / "r18.pth", tmp_path / "r18.ckpt").returncode == 0
+    tnet = trained_torch_net(quick_start["ckpt"])
+    pth, ckpt = tmp_path / "r18.pth", tmp_path / "r18.ckpt"
+    torch.save(tnet.state_dict(), pth)
+    converted = run_tool(pth, ckpt)
+    assert converted.returncode == 0, converted.stderr
+    test = os.path.join(CIFAR_SAMPLE, "test")
+    resize, crop = 36, 32  # the quick start trains at 32 px; the resize is exercised too
     result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10", "--image_size",
-                       "64", "--eval_resize", "72", "--batch_size", "8", "--checkpoint_path",
-                       tmp_path / "r18.ckpt", "--data_path", cifar_small["test"],
-                       "--output_dir", tmp_path)
+                       crop, "--eval_resize", resize, "--batch_size", "8", "--checkpoint_path",
+                       ckpt, "--data_path", test, "--output_dir", tmp_path)
     assert result.returncode == 0, result.stderr
     ours = json.load(open(tmp_path / "eval_result.json"))
-    classes = sorted(os.listdir(cifar_small["test"]))
     images, labels = [], []
-    for label, cls in enumerate(classes):
-        for name in sorted(os.listdir(os.path.join(cifar_small["test"], cls))):
-            images.append(pillow_eval_tensor(os.path.join(cifar_small["test"], cls, name), 72, 64))
+    for label, cls in enumerate(sorted(os.listdir(test))):
+        for name in sorted(os.listdir(os.path.join(test, cls))):
+            images.append(pillow_eval_tensor(os.path.join(test, cls, name), resize, crop))
             labels.append(label)
     with torch.no_grad():
         logits = tnet(torch.from_numpy(np.stack(images)))
     torch_top1 = float((logits.argmax(1).numpy() == np.array(labels)).mean())
-    assert ours["images"] == len(labels) == 30
+    print(f"\n[converter] trained ResNet-18 on {len(labels)} CIFAR-10 test images: top-1 "
+          f"eval.py {ours['top1']:.3f}, torch {torch_top1:.3f}")
+    assert ours["images"] == len(labels) == 200
+    assert torch_top1 >= 0.2  # twice chance: the weights are trained, not random
     assert ours["top1"] == pytest.approx(torch_top1, abs=1e-9)
+
+
+def test_a_checkpoint_of_train_py_converts_to_pth(quick_start, tmp_path):
+    """train.py's checkpoints (network, optimizer state and the entries train.py adds) convert
+    to a .pth that holds exactly the network's weights."""
+    pth = tmp_path / "trained.pth"
+    result = run_tool(quick_start["ckpt"], pth)
+    assert result.returncode == 0, result.stderr[-2000:]
+    state = torch.load(pth, weights_only=True)
+    expected = trained_torch_net(quick_start["ckpt"]).state_dict()
+    assert set(state) == set(expected)
+    for key, value in expected.items():
+        if not key.endswith("num_batches_tracked"):
+            assert torch.equal(state[key], value), key

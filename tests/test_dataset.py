@@ -2,12 +2,14 @@
 import os
 import shutil
 
+import mindspore.dataset as ds
 import numpy as np
 import pytest
 from PIL import Image
 
 from src.dataset import count_images, create_dataset
 from src.inference import preprocess_images
+from tests.helpers import imagenet_images
 
 
 def batches(dataset):
@@ -37,34 +39,37 @@ def test_eval_keeps_every_image_in_order(cifar_small):
     np.testing.assert_array_equal(first, again)  # deterministic
 
 
-def test_greyscale_and_cmyk_jpeg_give_three_channels(shared_data, tmp_path):
-    src = os.path.join(shared_data, "imagenet_sample")
-    grey = []
-    for wnid in sorted(os.listdir(src)):
-        name = os.listdir(os.path.join(src, wnid))[0]
-        path = os.path.join(src, wnid, name)
+def shipped_images_of_mode(mode, count):
+    """The first ``count`` shipped ImageNet JPEGs whose Pillow mode is ``mode``."""
+    found = []
+    for path in imagenet_images():
         with Image.open(path) as im:
-            if im.mode == "L":
-                grey.append(path)
-        if len(grey) == 2:
-            break
-    assert len(grey) == 2
+            if im.mode == mode:
+                found.append(path)
+    assert len(found) >= count, f"data/ ships {len(found)} {mode} JPEGs, the test needs {count}"
+    return found[:count]
+
+
+def test_greyscale_and_cmyk_jpeg_give_three_channels(tmp_path):
+    """Real greyscale and CMYK JPEGs in both pipelines: 3 channels; greyscale gives R = G = B,
+    CMYK keeps its colours (a decoder reading one channel would give grey)."""
     root = tmp_path / "mixed"
-    for i, path in enumerate(grey):
+    pairs = zip(shipped_images_of_mode("CMYK", 2), shipped_images_of_mode("L", 2))
+    for i, (cmyk, grey) in enumerate(pairs):
         (root / f"c{i}").mkdir(parents=True)
-        shutil.copy(path, root / f"c{i}" / "grey.JPEG")
-        with Image.open(path) as im:
-            im.convert("CMYK").save(root / f"c{i}" / "cmyk.jpg")
+        shutil.copy(cmyk, root / f"c{i}" / "a_cmyk.JPEG")
+        shutil.copy(grey, root / f"c{i}" / "b_grey.JPEG")
     for training in (True, False):
         data = create_dataset(str(root), is_training=training, batch_size=4, image_size=64,
                               eval_resize=73, num_parallel_workers=1)
         (image, label), = batches(data)
         assert image.shape == (4, 3, 64, 64) and label.dtype == np.int32
-        if not training:
-            # a greyscale image becomes R = G = B before normalization
+        if not training:  # eval order: c0/a_cmyk, c0/b_grey, c1/a_cmyk, c1/b_grey
             restored = image * np.array([0.229, 0.224, 0.225])[None, :, None, None] \
                 + np.array([0.485, 0.456, 0.406])[None, :, None, None]
-            assert np.abs(restored[:, 0] - restored[:, 1]).max() < 2 / 255
+            red_minus_green = np.abs(restored[:, 0] - restored[:, 1]).max(axis=(1, 2))
+            assert red_minus_green[[1, 3]].max() < 2 / 255  # greyscale: R = G = B
+            assert red_minus_green[[0, 2]].min() > 0.1  # CMYK: colours kept
 
 
 def test_eval_preprocessing_matches_predict(cifar_small):
@@ -107,13 +112,34 @@ def test_cifar10_binary_missing_files_are_named(tmp_path):
         create_dataset(str(tmp_path), True, dataset="cifar10")
 
 
-def test_sharding_splits_the_data(cifar_small):
-    seen = []
-    for shard in range(2):
-        data = create_dataset(cifar_small["test"], False, batch_size=30, image_size=32,
-                              eval_resize=32, num_shards=2, shard_id=shard, num_parallel_workers=1)
-        seen.append(np.concatenate([lbl for _, lbl in batches(data)]))
-    assert len(seen[0]) == len(seen[1]) == 15
+def image_keys(dataset):
+    """The images of an eval dataset as (bytes of the image tensor, label) pairs, in order."""
+    return [(img.tobytes(), int(lbl)) for images, labels in batches(dataset)
+            for img, lbl in zip(images, labels)]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shards_are_disjoint_and_cover_the_data(cifar_small, shuffle):
+    """Two shards (two devices) of the 30 test images: each gets 15, no image is in both, and
+    together they hold every image once. Shuffled, every rank seeds its pipeline alike (as
+    train.py does), modelled here by the same dataset seed before each shard."""
+    def build(**shard):
+        return create_dataset(cifar_small["test"], False, batch_size=30, image_size=32,
+                              eval_resize=32, shuffle=shuffle, num_parallel_workers=1, **shard)
+
+    everything = image_keys(build())
+    assert len(set(everything)) == len(everything) == 30  # 30 distinct images to tell apart
+    previous_seed = ds.config.get_seed()
+    try:
+        shards = []
+        for shard_id in range(2):
+            ds.config.set_seed(1234)
+            shards.append(image_keys(build(num_shards=2, shard_id=shard_id)))
+    finally:
+        ds.config.set_seed(previous_seed)
+    assert len(shards[0]) == len(shards[1]) == 15
+    assert not set(shards[0]) & set(shards[1])  # disjoint
+    assert sorted(shards[0] + shards[1]) == sorted(everything)  # together: every image once
 
 
 def test_bad_arguments(tmp_path):

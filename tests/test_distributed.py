@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from src.device import check_fusion_config, fusion_config_for
-from tests.helpers import ROOT
+from tests.helpers import CIFAR_SAMPLE, ROOT
 
 LAUNCH_TIMEOUT = 420  # seconds any launch may take before the test fails
 
@@ -21,23 +21,29 @@ def free_port():
         return s.getsockname()[1]
 
 
+def python_first_env():
+    """The environment with this interpreter's folder first on PATH: msrun starts its workers
+    with ``python`` from PATH, which must be the one running the tests (venv or not)."""
+    return dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+
+
 def launcher(*args, timeout=LAUNCH_TIMEOUT):
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = python_first_env()
     return subprocess.run(["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"),
                            *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
-def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(shared_data, tmp_path):
-    data = os.path.join(shared_data, "cifar10", "test")
+def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(tmp_path):
+    data = os.path.join(CIFAR_SAMPLE, "test")  # 3 steps x 16 images: 5 of each class
     worker = os.path.join(ROOT, "tests", "dist_worker.py")
     msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
     dist = subprocess.run([msrun, "--worker_num", "2", "--local_worker_num", "2",
                            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                            "--log_dir", str(tmp_path / "logs"), "--join", "True",
                            "--cluster_time_out", "60", worker, "--out", str(tmp_path),
-                           "--data_path", data], capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT, check=False)
+                           "--data_path", data], env=python_first_env(), capture_output=True,
+                          text=True, timeout=LAUNCH_TIMEOUT, check=False)
     assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:]
     single = subprocess.run([sys.executable, worker, "--out", str(tmp_path), "--single",
                              "--data_path", data], capture_output=True, text=True,
@@ -76,7 +82,7 @@ def worker_pids(marker):
 
 def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
     out = tmp_path / "killed"
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = python_first_env()
     proc = subprocess.Popen(
         ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
          str(free_port()), "--cluster_time_out", "30", "data/cifar10_sample/train",
@@ -109,7 +115,7 @@ def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
 def test_two_hosts_on_loopback(tmp_path):
     """Multi-host msrun, as documented: two launches, one worker each, node ranks 0 and 1."""
     port = free_port()
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = python_first_env()
     common = ["--device_num", "1", "--worker_num", "2", "--master_addr", "127.0.0.1",
               "--master_port", str(port), "--cluster_time_out", "90"]
     # msrun starts the scheduler on the host that owns master_addr; on one machine both

@@ -4,7 +4,6 @@ import math
 import numpy as np
 import pytest
 
-from src.config import parse_config
 from src.lr_schedule import (create_lr, scale_lr, warmup_cosine_lr, warmup_linear_lr,
                              warmup_step_lr)
 
@@ -48,6 +47,6 @@ def test_bad_step_counts_raise():
 
 def test_linear_scaling_with_global_batch():
     assert scale_lr(0.256, 2048, 256) == pytest.approx(2.048)
-    cfg = parse_config(["--epoch_size", "2", "--warmup_epochs", "1"])
-    lr, peak = create_lr(cfg, steps_per_epoch=5, global_batch_size=512)
+    lr, peak = create_lr("cosine", 0.256, 256, global_batch_size=512, epoch_size=2,
+                         steps_per_epoch=5, warmup_epochs=1)
     assert peak == pytest.approx(0.512) and lr.shape == (10,) and lr.max() == pytest.approx(0.512)

@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from src.callbacks import atomic_save_checkpoint  # noqa: E402
-from src.checkpoint import compare  # noqa: E402
+from src.checkpoint import atomic_save_checkpoint, compare  # noqa: E402
+from src.errors import UserError  # noqa: E402
 from src.resnet import create_network  # noqa: E402
 
 BN_TORCH_TO_MS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
@@ -38,7 +38,7 @@ DEPTHS = {("BasicBlock", (2, 2, 2, 2)): "resnet18", ("BasicBlock", (3, 4, 6, 3))
           ("Bottleneck", (3, 8, 36, 3)): "resnet152"}
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """The weights do not describe a torchvision ResNet that our network can hold."""
 
 
@@ -166,10 +166,12 @@ def save_ms_checkpoint(arrays, path):
 
 
 def load_ms_arrays(path):
-    """Read a MindSpore checkpoint as ``{name: numpy array}``."""
+    """Read a MindSpore checkpoint as ``{name: numpy array}`` (text entries such as the
+    stored ``run_config`` of a training checkpoint are left out)."""
     import mindspore as ms
 
-    return {name: param.asnumpy() for name, param in ms.load_checkpoint(path).items()}
+    return {name: param.asnumpy() for name, param in ms.load_checkpoint(path).items()
+            if not isinstance(param, str)}
 
 
 def convert(src, dst):
