@@ -239,8 +239,8 @@ def finish(state, stop, saver, total_steps, output_dir, log):
         return 128 + stop.signum
     if stop.received:
         log.info("%s came after the last step: the run is complete", stop.received)
-    log.info("done; outputs in %s; curves: python tools/plot_metrics.py %s", output_dir,
-             os.path.join(output_dir, "metrics.jsonl"))
+    log.info("done; outputs in %s; curves: python tools/plot_metrics.py %s -o %s", output_dir,
+             os.path.join(output_dir, "metrics.jsonl"), os.path.join(output_dir, "curves.png"))
     return 0
 
 
