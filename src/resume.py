@@ -10,9 +10,9 @@ import os
 
 import mindspore as ms
 
-from src.checkpoint import (CheckpointError, checkpoint_name, compare, is_resumable,
-                            periodic_checkpoints, read_checkpoint, stored_config, stored_step,
-                            METADATA_KEYS)
+from src.checkpoint import (METADATA_KEYS, CheckpointError, checkpoint_name, compare,
+                            is_resumable, periodic_checkpoints, position_of, read_checkpoint,
+                            stored_config, stored_step)
 from src.config import ConfigError
 from src.errors import UserError
 from src.lr_schedule import LR_KEYS
@@ -135,7 +135,10 @@ def agree_across_ranks(local_path, output_dir, prefix, steps_per_epoch, param_na
             and the file.
     """
     try:  # no rank may raise before the gathers: the others would wait for it forever
-        position = stored_step(read_checkpoint(local_path)) if local_path else 0
+        position = 0
+        if local_path:  # the name encodes the step; read the file only for other names
+            position = (position_of(local_path, steps_per_epoch)
+                        or stored_step(read_checkpoint(local_path)))
     except (UserError, KeyError):
         position = -1
     chosen = gather(position)[0]
