@@ -11,6 +11,7 @@ exported with. Prints the result and writes it as JSON (``eval_result.json`` in 
 Every image is evaluated once: no shuffling, the last partial batch is kept; the image count
 reported is that of the labels evaluated. Progress (images done, img/s, ETA) goes to stderr:
 a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/progress.py``).
+``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
 """
 import src.env  # first: sets the oneDNN default before MindSpore loads
 # isort: split
@@ -28,10 +29,13 @@ from src.dataset import class_names_of, count_images, create_dataset
 from src.device import setup_device
 from src.image_check import readable_pipeline_errors
 from src.inference import load_predictor
+from src.logger import get_logger
 from src.loss import CrossEntropySmooth
 from src.progress import Progress
+from src.resnet import create_network
+from src.throughput import synthetic_batch, throughput_report, time_calls
 
-SECTIONS = ("network", "data", "device", "outputs", "model file")
+SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
@@ -71,6 +75,27 @@ def evaluate(predict, dataset, cfg, progress):
             "images": evaluated}
 
 
+def benchmark_inference(cfg):
+    """``--benchmark_steps N``: N forward passes of ``batch_size`` synthetic images at
+    ``eval_image_size``, through the model as eval.py runs it (``--checkpoint_path`` .ckpt,
+    .mindir or .onnx; without one a randomly initialized network in graph mode); no dataset,
+    no files. Returns 0."""
+    if cfg.checkpoint_path:
+        predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
+                                 cfg.batch_size, cfg.use_ema)
+    else:
+        net = create_network(cfg.net_name, cfg.class_num)
+        net.set_train(False)
+        predict = lambda x: net(ms.Tensor(x)).asnumpy()  # noqa: E731
+    images, _ = synthetic_batch(cfg.batch_size, cfg.eval_image_size, cfg.class_num)
+    warmup, timed = time_calls(lambda: predict(images), cfg.benchmark_steps)
+    record, line = throughput_report("eval", cfg.batch_size, 1, warmup, timed)
+    model = cfg.checkpoint_path or f"{cfg.net_name} (random weights)"
+    print(f"{line}; model {model}")
+    print(json.dumps(dict(record, checkpoint_path=cfg.checkpoint_path)))
+    return 0
+
+
 def check_data_classes(cfg):
     """Raise ``ConfigError`` unless ``cfg.data_path`` is given and, for class folders, holds
     ``cfg.class_num`` of them."""
@@ -85,16 +110,21 @@ def check_data_classes(cfg):
 def main(argv=None):
     """Evaluate as configured by ``argv``; print and write the result; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
+    if cfg.benchmark_steps:
+        setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+        return benchmark_inference(cfg)
     check_data_classes(cfg)
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
-                             batch_size=cfg.batch_size, image_size=cfg.image_size,
+                             batch_size=cfg.batch_size, image_size=cfg.eval_image_size,
                              eval_resize=cfg.eval_resize,
                              num_parallel_workers=cfg.num_parallel_workers,
                              check_images=cfg.check_images)
     total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
-    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size)
+    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
+                             cfg.use_ema)
 
     start = time.time()
     with readable_pipeline_errors(), Progress(total, "eval") as progress:

@@ -4,7 +4,7 @@
     python predict.py --checkpoint_path resnet50.mindir --image_path folder/ --batch_size 1
     python predict.py --checkpoint_path resnet50.onnx --image_path folder/ --batch_size 1
 
-Images are preprocessed as in eval (resize eval_resize, center crop image_size, ImageNet
+Images are preprocessed as in eval (resize eval_resize, center crop eval_image_size, ImageNet
 normalization). Class names: --class_names_path, else class_names.txt next to the checkpoint
 (written by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000.
 A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size.
@@ -17,6 +17,7 @@ import src.env  # first: sets the oneDNN default before MindSpore loads
 
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from src.cli import run_entry_point
 from src.config import ConfigError, parse_config
 from src.device import setup_device
 from src.inference import chunks, list_images, load_predictor, preprocess_images, softmax
+from src.logger import get_logger
 from src.progress import Progress
 
 SECTIONS = ("network", "data", "device", "model file", "predict")
@@ -84,6 +86,7 @@ def top_classes(probs, names, top_k):
 def main(argv=None):
     """Predict as configured by ``argv``; print one JSON line per image; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
@@ -94,10 +97,11 @@ def main(argv=None):
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     paths = list_images(cfg.image_path)
-    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size)
+    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
+                             cfg.use_ema)
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
-        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.image_size,
+        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,
                                                cfg.eval_resize):
             names = names or class_names_for(cfg, probs.shape[1])
             for path, row in zip(batch, probs):

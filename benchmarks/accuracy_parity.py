@@ -51,8 +51,8 @@ NAMES = {"ours": "ours", "torch": "PyTorch"}
 # none, its files are moved aside (train.py never deletes them); the twin starts over
 OURS_RESTART = ["--resume_ckpt", "auto", "--overwrite", "true"]
 # config keys that must agree for a finished run to be reused
-RECIPE_KEYS = ("net_name", "class_num", "batch_size", "image_size", "train_crop_scale",
-               "eval_resize", "momentum", "weight_decay", "label_smoothing", "seed",
+RECIPE_KEYS = ("net_name", "class_num", "batch_size", "train_image_size", "eval_image_size",
+               "train_crop_scale", "eval_resize", "momentum", "weight_decay", "label_smoothing", "seed",
                "zero_init_residual") + LR_KEYS
 
 

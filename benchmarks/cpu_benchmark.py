@@ -9,13 +9,14 @@ their median. The cases run in rounds, one process per case per round, in altern
 so slow drift of a shared machine touches every case alike; the table gives the median over
 rounds. Cases:
 
-- ours: the train step (``build_train_network`` as ``Model`` uses it); the full training loop
-  (``Model.train`` on the real data pipeline over ``--data_path``, also in dataset sink mode);
+- ours: the train step (``TrainStep`` as train.py builds it); the full training loop
+  (``Model.train`` on the real data pipeline over ``--data_path``);
   inference from a checkpoint (graph mode), from MindIR (``nn.GraphCell``) and from ONNX
   (ONNX Runtime), each exported as export.py does (BatchNorm folded) and without folding;
 - the PyTorch reference (``tests/torch_resnet.py``, torchvision's layout) in NCHW,
   channels_last, and channels_last + ``torch.compile``, same shapes and thread count;
-- the data pipeline alone on real full-size JPEGs, to compare with the train step's use;
+- the data pipeline alone on real full-size JPEGs, to compare with the train step's use, also
+  with TrivialAugment wide + random erasing (p 0.1) on;
 - float32 GEMMs (n=4096; torch.mm and ONNX Runtime's MatMul) for the machine's fp32 limit; the
   "% of fp32 limit" column is img/s x FLOPs per image (torch's FlopCounterMode, forward x3 for
   a train step) over the faster GEMM's FLOP/s.
@@ -110,17 +111,14 @@ def random_batch(args):
 
 
 def ms_model(args):
-    """``Model`` of a new network with the training recipe's loss and optimizer (fp32, as on
-    CPU), as train.py builds it."""
-    from mindspore.train import Model
-
-    from src.loss import CrossEntropySmooth
-    from src.optimizer import create_optimizer
+    """``Model`` of a new network with config.yaml's training recipe (fp32, as on CPU), built
+    by train.py's ``build_model`` (``TrainStep``: loss, momentum, weight decay groups)."""
+    from src.config import parse_config
     from src.resnet import create_network
+    from src.train_model import build_model
+    cfg = parse_config(["--net_name", args.net_name, "--class_num", str(args.class_num)])
     net = create_network(args.net_name, args.class_num)
-    optimizer = create_optimizer(net, 0.1, 0.875, 3.0517578125e-05)
-    return Model(net, loss_fn=CrossEntropySmooth(0.1, args.class_num), optimizer=optimizer,
-                 amp_level="O0")
+    return build_model(cfg, net, 0.1, "O0")[0]
 
 
 def ms_train_step(args):
@@ -132,11 +130,12 @@ def ms_train_step(args):
     return lambda: step(images, labels).asnumpy() is not None and args.batch_size
 
 
-def ms_train_loop(args, sink=False):
+def ms_train_loop(args):
     """``Model.train`` on the real training pipeline (decode, random crop, flip, normalize),
     as train.py runs an epoch, over 1 + steps x loop_steps batches; the first ``loop_steps``
-    (compile) are the warmup, each later group of ``loop_steps`` steps one timed call. With
-    ``sink``: dataset sink mode, ``loop_steps`` steps per sink."""
+    (compile) are the warmup, each later group of ``loop_steps`` steps one timed call. (No
+    dataset sink mode case: MindSpore 2.10 has none on CPU; ``Model.train`` falls back to
+    step by step.)"""
     ms_setup()
     from mindspore.train import Callback
 
@@ -154,22 +153,13 @@ def ms_train_loop(args, sink=False):
             if self.steps % args.loop_steps == 0:
                 self.times.append(time.perf_counter())
 
-        def on_train_epoch_end(self, run_context):  # in sink mode, once per sink
-            if sink:
-                self.times.append(time.perf_counter())
-
-    epochs = 1 + args.steps
-    batches = epochs * args.loop_steps
+    batches = (1 + args.steps) * args.loop_steps
     data = create_dataset(args.data_path, is_training=True, batch_size=args.batch_size,
                           image_size=args.image_size, num_parallel_workers=args.threads)
     data = data.repeat(-(-batches // data.get_dataset_size())).take(batches)
     model = ms_model(args)
     clock = Clock()
-    if sink:
-        model.train(epochs, data, callbacks=[clock], dataset_sink_mode=True,
-                    sink_size=args.loop_steps)
-    else:
-        model.train(1, data, callbacks=[clock], dataset_sink_mode=False)
+    model.train(1, data, callbacks=[clock], dataset_sink_mode=False)
     times = clock.times
     return Measured([b - a for a, b in zip(times[1:], times[2:])],
                     args.loop_steps * args.batch_size, times[1] - times[0])
@@ -208,13 +198,15 @@ def ort_infer(args, name="net"):
     return lambda: session.run(None, feed) is not None and args.batch_size
 
 
-def data_pipeline(args):
+def data_pipeline(args, augment=None):
     """The training data pipeline alone: one iterator over the repeated dataset; each call
-    pulls ``loop_steps`` batches (the first call also starts the pipeline)."""
+    pulls ``loop_steps`` batches (the first call also starts the pipeline). ``augment``: extra
+    augmentation arguments of ``create_dataset``."""
     ms_setup()
     from src.dataset import create_dataset
     data = create_dataset(args.data_path, is_training=True, batch_size=args.batch_size,
-                          image_size=args.image_size, num_parallel_workers=args.threads)
+                          image_size=args.image_size, num_parallel_workers=args.threads,
+                          **(augment or {}))
     batches = data.repeat().create_tuple_iterator(output_numpy=True)
 
     def run():
@@ -227,7 +219,7 @@ def data_pipeline(args):
 def prepare(args):
     """Write the files the inference cases load (random weights, BN statistics as
     initialized): net.ckpt; net.mindir / net.onnx exported as export.py does by default
-    (BatchNorm folded), and net_unfolded.mindir / .onnx without folding."""
+    (BatchNorm folded), net_unfolded.mindir / .onnx without folding, and net_int8.onnx."""
     ms = ms_setup()
     from export import export_model
     from src.bn_fold import fold_batchnorm
@@ -244,6 +236,28 @@ def prepare(args):
         net.set_train(False)
         for file_format in ("MINDIR", "ONNX"):
             export_model(net, dummy, os.path.join(args.artifacts, name), file_format)
+    quantize_net(args)
+
+
+class OneBatch:
+    """ONNX Runtime calibration data reader (``get_next``) giving one fixed batch."""
+
+    def __init__(self, images):
+        self.batches = [{"image": images}]
+
+    def get_next(self):
+        return self.batches.pop() if self.batches else None
+
+
+def quantize_net(args):
+    """net_int8.onnx: net.onnx quantized as ``export.py --quantize int8`` does
+    (``src.quantize.quantize_int8``), calibrated on the fixed random batch (the ranges do not
+    change the speed)."""
+    from src.quantize import quantize_int8
+    with tempfile.TemporaryDirectory(dir=args.artifacts) as workdir:
+        quantize_int8(os.path.join(args.artifacts, "net.onnx"),
+                      os.path.join(args.artifacts, "net_int8.onnx"),
+                      OneBatch(random_batch(args)[0]), workdir)
 
 
 def ort_gemm(args):
@@ -334,12 +348,15 @@ def forward_flops(args):
 
 
 # ---------------------------------------------------------------- the cases
+AUGMENTED_PIPELINE = dict(auto_augment="trivialaugment_wide", random_erasing=0.1)
+# data case -> the start of its report line
+DATA_LINES = {"data_pipeline": "Data pipeline alone",
+              "data_pipeline_augmented": "Data pipeline with TrivialAugment wide + random "
+                                         "erasing 0.1"}
 # name: (kind, label, builder, needs the oneDNN ISA cap of our entry points)
 CASES = {
     "ms_train_step": ("train", "ours: train step", ms_train_step, True),
     "ms_train_loop": ("train", "ours: Model.train + data pipeline", ms_train_loop, True),
-    "ms_train_loop_sink": ("train", "ours: Model.train + data pipeline, sink mode",
-                           lambda a: ms_train_loop(a, sink=True), True),
     "torch_train_nchw": ("train", "PyTorch NCHW", torch_train, False),
     "torch_train_channels_last": ("train", "PyTorch channels_last",
                                   lambda a: torch_train(a, channels_last=True), False),
@@ -353,6 +370,8 @@ CASES = {
     "ort_infer": ("infer", "ours: ONNX (BN folded) in ONNX Runtime", ort_infer, False),
     "ort_infer_unfolded": ("infer", "ours: ONNX, BN not folded, in ONNX Runtime",
                            lambda a: ort_infer(a, "net_unfolded"), False),
+    "ort_infer_int8": ("infer", "ours: ONNX int8 (export.py --quantize int8) in ONNX Runtime",
+                       lambda a: ort_infer(a, "net_int8"), False),
     "torch_infer_nchw": ("infer", "PyTorch NCHW", torch_infer, False),
     "torch_infer_channels_last": ("infer", "PyTorch channels_last",
                                   lambda a: torch_infer(a, channels_last=True), False),
@@ -360,6 +379,9 @@ CASES = {
                             lambda a: torch_infer(a, True, True), False),
     "data_pipeline": ("data", "ours: data pipeline alone (JPEG decode + augment)",
                       data_pipeline, True),
+    "data_pipeline_augmented": ("data", "ours: data pipeline alone + TrivialAugment wide + "
+                                "random erasing 0.1",
+                                lambda a: data_pipeline(a, AUGMENTED_PIPELINE), True),
     "gemm_torch": ("gemm", f"fp32 GEMM n={GEMM_N}, torch.mm", torch_gemm, False),
     "gemm_ort": ("gemm", f"fp32 GEMM n={GEMM_N}, ONNX Runtime MatMul", ort_gemm, False),
 }
@@ -481,7 +503,8 @@ def markdown(args, results, limits, environment):
         for ref in TORCH_REFERENCES[kind]:
             ref_rate = results.get(ref, {}).get("rate")
             ratios.append(f"{result['rate'] / ref_rate:.2f}x" if ours and ref_rate else "")
-        limit = f"{100 * result['rate'] / limits[kind]:.0f}%" if limits else ""
+        fp32 = "int8" not in name  # an fp32 limit says nothing of int8 kernels
+        limit = f"{100 * result['rate'] / limits[kind]:.0f}%" if limits and fp32 else ""
         lines.append(f"| {kind} | {label} | {result['rate']:.2f} | {result['rate_min']:.2f}"
                      f"-{result['rate_max']:.2f} | " + " | ".join(ratios)
                      + f" | {limit} | {result['peak_rss_mb']:.0f} |")
@@ -493,11 +516,13 @@ def markdown(args, results, limits, environment):
                      f"{limits['forward_gflop_per_image']:.2f} GFLOP per image forward -> "
                      f"{limits['infer']:.1f} img/s inference, {limits['train']:.1f} img/s "
                      f"training (3x forward).")
-    data, step = results.get("data_pipeline", {}), results.get("ms_train_step", {})
-    if "rate" in data and "rate" in step:
-        lines.append(f"Data pipeline alone: {data['rate']:.1f} img/s of real JPEGs with "
-                     f"{args.threads} workers = {data['rate'] / step['rate']:.1f}x what the "
-                     f"train step consumes ({step['rate']:.2f} img/s).")
+    step = results.get("ms_train_step", {})
+    for name, title in DATA_LINES.items():
+        data = results.get(name, {})
+        if "rate" in data and "rate" in step:
+            lines.append(f"{title}: {data['rate']:.1f} img/s of real JPEGs with {args.threads} "
+                         f"workers = {data['rate'] / step['rate']:.1f}x what the train step "
+                         f"consumes ({step['rate']:.2f} img/s).")
     return "\n".join(lines) + "\n"
 
 

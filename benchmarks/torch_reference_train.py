@@ -149,7 +149,8 @@ class ImageFolder(torch.utils.data.Dataset):
         paths (list[str]): Image files.
         labels (numpy.ndarray): int64 labels, shape (len(paths),).
         is_training (bool): Random train transforms, or the eval transforms.
-        cfg (Config): ``image_size``, ``eval_resize``, ``train_crop_scale``, ``seed``.
+        cfg (Config): ``train_image_size``, ``eval_image_size``, ``eval_resize``,
+            ``train_crop_scale``, ``seed``.
 
     Items: (float32 tensor (3, image_size, image_size), int64 label).
     """
@@ -166,9 +167,9 @@ class ImageFolder(torch.utils.data.Dataset):
             image = image.convert("RGB")
         if self.is_training:
             rng = np.random.default_rng((self.cfg.seed, self.epoch, index))
-            x = train_transform(image, rng, self.cfg.image_size, self.cfg.train_crop_scale)
+            x = train_transform(image, rng, self.cfg.train_image_size, self.cfg.train_crop_scale)
         else:
-            x = eval_transform(image, self.cfg.image_size, self.cfg.eval_resize)
+            x = eval_transform(image, self.cfg.eval_image_size, self.cfg.eval_resize)
         return torch.from_numpy(x), int(self.labels[index])
 
 

@@ -4,6 +4,7 @@ stop signals; and the evaluator that keeps the best checkpoint.
 ``Model.train`` calls callbacks in list order: ``StepState`` goes first, so the monitor and
 the saver read the step it has just classified (the loss is read from the device once).
 """
+import collections
 import json
 import logging
 import math
@@ -14,8 +15,8 @@ import time
 import numpy as np
 from mindspore.train import Callback
 
-from src.checkpoint import (CONFIG_KEY, STEP_KEY, atomic_save_checkpoint, checkpoint_name,
-                            prune)
+from src.checkpoint import (CONFIG_KEY, EMA_PREFIX, STEP_KEY, atomic_save_checkpoint,
+                            checkpoint_name, prune)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -43,57 +44,116 @@ def step_status(net_outputs):
 
 
 class BestCheckpointEvaluator:
-    """Evaluate a ``Model`` on a dataset and keep the checkpoint with the best top-1.
+    """Evaluate the network being trained (and its weight EMA) on a dataset and keep the
+    checkpoint with the best top-1.
+
+    The best checkpoint holds the weights it was chosen on, under the network's parameter
+    names: the live ones, or the EMA's with ``best_on_ema``.
 
     Args:
-        model (mindspore.train.Model): The model being trained (built with top-1/top-5
-            metrics named ``top1``/``top5``).
+        model (mindspore.train.Model): Evaluates the live network (metrics named
+            ``top1``/``top5``).
         dataset (mindspore.dataset.Dataset): Eval dataset.
         best_path (str): Where the best checkpoint is written (atomically).
+        net (nn.Cell): The network being trained.
+        ema (WeightEma, optional): Its weight EMA (``src.train_step``).
+        ema_model (mindspore.train.Model, optional): Evaluates a second network of the same
+            architecture, into which the averages are copied before each evaluation.
+        best_on_ema (bool): Choose the best checkpoint by the EMA's top-1.
     """
 
-    def __init__(self, model, dataset, best_path):
-        self.model = model
-        self.dataset = dataset
-        self.best_path = best_path
+    def __init__(self, model, dataset, best_path, net, ema=None, ema_model=None,
+                 best_on_ema=False):
+        self.model, self.dataset, self.best_path, self.net = model, dataset, best_path, net
+        self.ema, self.ema_model = ema, ema_model
+        self.best_key = "ema_top1" if best_on_ema and ema is not None else "top1"
         self.best_top1 = -1.0
 
-    def __call__(self, net):
-        """Evaluate; save ``net`` if top-1 improved. Returns {"top1", "top5", "best_top1"}."""
-        result = self.model.eval(self.dataset, dataset_sink_mode=False)
-        top1, top5 = float(result["top1"]), float(result["top5"])
-        if top1 > self.best_top1:
-            self.best_top1 = top1
-            atomic_save_checkpoint(net, self.best_path)
-        return {"top1": top1, "top5": top5, "best_top1": self.best_top1}
+    def evaluate(self, model, prefix=""):
+        """{prefix + "top1", prefix + "top5"} of ``model`` on the dataset."""
+        result = model.eval(self.dataset, dataset_sink_mode=False)
+        return {prefix + "top1": float(result["top1"]), prefix + "top5": float(result["top5"])}
+
+    def __call__(self):
+        """Evaluate; save if the chosen top-1 improved. Returns {"top1", "top5"[, "ema_top1",
+        "ema_top5"], "best_top1"}."""
+        result = self.evaluate(self.model)
+        if self.ema is not None:
+            averages = {p.name[len(EMA_PREFIX):]: p for p in self.ema.averages}
+            for param in self.ema_model.predict_network.get_parameters():
+                param.set_data(averages[param.name].value())
+            result.update(self.evaluate(self.ema_model, "ema_"))
+        if result[self.best_key] > self.best_top1:
+            self.best_top1 = result[self.best_key]
+            chosen = (self.ema_model.predict_network if self.best_key == "ema_top1"
+                      else self.net)
+            atomic_save_checkpoint(chosen, self.best_path)
+        return dict(result, best_top1=self.best_top1)
 
 
 class StepState(Callback):
     """The one owner of the per-step state: global step, the step's status and loss, the
-    count of overflowed steps, where a non-finite loss stopped training. Listed first among
-    the callbacks; ``TrainMonitor`` and ``CheckpointSaver`` read it.
+    count of overflowed steps and the loss scale, and why training must stop (a non-finite
+    loss, too many overflowed steps). Listed first among the callbacks; ``TrainMonitor`` and
+    ``CheckpointSaver`` read it.
 
-    A non-finite loss in fp32 requests a stop (``nonfinite_step`` says where); an overflowed
-    step under loss scaling (GPU/Ascend) is counted and training goes on.
+    A non-finite loss in fp32 requests a stop (``nonfinite_step`` says where). An overflowed
+    step under loss scaling (GPU/Ascend) is skipped by the training cell and counted; when
+    more than ``max_overflow_fraction`` of the last ``OVERFLOW_WINDOW`` steps overflowed,
+    nothing is being trained: ``overflow_stop`` says so and a stop is requested.
+
+    In dataset sink mode one call of the callbacks covers ``steps_per_call`` steps (the sink
+    size, set by train.py before each ``Model.train``); the loss and overflow flag are those
+    of the call's last step.
 
     Args:
         start_step (int): Steps already done (resumed runs).
+        max_overflow_fraction (float): In [0, 1]; 1 never stops.
     """
 
-    def __init__(self, start_step=0):
+    OVERFLOW_WINDOW = 100
+
+    def __init__(self, start_step=0, max_overflow_fraction=0.5):
         super().__init__()
+        self.steps_per_call = 1
         self.global_step = start_step
         self.status, self.loss = "ok", None
         self.overflow_steps = 0
+        self.loss_scale = None
+        self.recent_overflows = collections.deque(maxlen=self.OVERFLOW_WINDOW)
+        self.max_overflow_fraction = max_overflow_fraction
         self.nonfinite_step = None
+        self.overflow_stop = None
+
+    @property
+    def must_stop(self):
+        """Whether training cannot go on (non-finite loss, too many overflowed steps)."""
+        return bool(self.nonfinite_step or self.overflow_stop)
 
     def on_train_step_end(self, run_context):
-        self.global_step += 1
-        self.status, self.loss = step_status(run_context.original_args().net_outputs)
+        outputs = run_context.original_args().net_outputs
+        self.global_step += self.steps_per_call
+        self.status, self.loss = step_status(outputs)
+        if isinstance(outputs, (tuple, list)) and len(outputs) > 2:
+            self.loss_scale = float(np.mean(outputs[2].asnumpy()))
+        self.recent_overflows.append(self.status == "overflow")
+        self._check_overflow_fraction(run_context)
         if self.status == "overflow":
             self.overflow_steps += 1
         elif self.status == "nonfinite" and self.nonfinite_step is None:
             self.nonfinite_step = self.global_step
+            run_context.request_stop()
+
+    def _check_overflow_fraction(self, run_context):
+        window = self.recent_overflows
+        count = sum(window)
+        if (len(window) == window.maxlen and count > self.max_overflow_fraction * len(window)
+                and self.overflow_stop is None):
+            self.overflow_stop = (f"{count} of the last {len(window)} steps overflowed and "
+                                  f"were skipped (max_overflow_fraction "
+                                  f"{self.max_overflow_fraction}) at global step "
+                                  f"{self.global_step}, loss scale {self.loss_scale}: the "
+                                  f"model is not training (check the LR, the data, amp_level)")
             run_context.request_stop()
 
 
@@ -102,8 +162,11 @@ class TrainMonitor(Callback):
 
     Step line: epoch, step in epoch, global step, loss, LR, img/s (global, over all
     devices), ETA. Epoch line in ``metrics_path`` (JSON Lines): epoch, global step, mean loss,
-    last LR, epoch time in seconds, img/s, overflowed steps (loss scaling), and top1/top5 when
-    an evaluator runs. Epochs cut short (signal, non-finite loss) get no line.
+    last LR, epoch time in seconds, img/s, overflowed steps and the loss scale (loss
+    scaling), and top1/top5 (ema_top1/ema_top5 with an EMA) when an evaluator runs. Epochs cut
+    short (signal, non-finite loss) get no line. In dataset sink mode a line is printed after
+    each sink call that reaches a multiple of ``log_interval`` (img/s over the sink calls since
+    the last line), and the epoch's loss is the mean of each call's last step.
 
     Args:
         state (StepState): The per-step state, updated before this callback runs.
@@ -113,7 +176,7 @@ class TrainMonitor(Callback):
         log_interval (int): Steps between progress lines.
         metrics_path (str, optional): JSON Lines file; None to write none (non-zero ranks).
         logger (logging.Logger): Where lines go.
-        evaluator (callable, optional): ``evaluator(net) -> dict`` run after each
+        evaluator (callable, optional): ``evaluator() -> dict`` run after each
             ``eval_interval`` epochs and after the last one.
         eval_interval (int): Epochs between evaluations.
     """
@@ -133,57 +196,68 @@ class TrainMonitor(Callback):
         self.start_step = state.global_step
         self.train_start = self.epoch_start = self.window_start = None
         self.epoch_losses = []
+        self.epoch_steps = self.window_steps = 0
 
     def on_train_begin(self, run_context):
         self.train_start = self.train_start or time.time()
 
     def on_train_epoch_begin(self, run_context):
-        self.epoch_start = self.window_start = time.time()
-        self.epoch_losses = []
+        # Model.train's epochs are sink calls in sink mode: reset at real epoch starts only
+        if self.epoch_start is None or self.state.global_step % self.steps_per_epoch == 0:
+            self.epoch_start = self.window_start = time.time()
+            self.epoch_losses = []
+            self.epoch_steps = self.window_steps = 0
 
     def on_train_step_end(self, run_context):
-        cb = run_context.original_args()
         state = self.state
+        calls_steps = state.steps_per_call
+        self.epoch_steps += calls_steps
+        self.window_steps += calls_steps
+        epoch = (state.global_step - 1) // self.steps_per_epoch + 1
         if state.status == "overflow":
             return
         if state.status == "nonfinite":
             self.logger.error("non-finite loss %s at global step %d (epoch %d): stopping; the "
                               "newest checkpoint is the last good one", state.loss,
-                              state.global_step, cb.cur_epoch_num)
+                              state.global_step, epoch)
             return
         self.epoch_losses.append(state.loss)
         step_in_epoch = (state.global_step - 1) % self.steps_per_epoch + 1
-        if step_in_epoch % self.log_interval and step_in_epoch != self.steps_per_epoch:
+        crossed = step_in_epoch // self.log_interval > (step_in_epoch - calls_steps) // \
+            self.log_interval
+        if not crossed and step_in_epoch != self.steps_per_epoch:
             return
         now = time.time()
-        steps = (step_in_epoch - 1) % self.log_interval + 1
-        img_per_s = steps * self.global_batch_size / max(now - self.window_start, 1e-9)
-        self.window_start = now
+        img_per_s = self.window_steps * self.global_batch_size / max(now - self.window_start,
+                                                                     1e-9)
+        self.window_start, self.window_steps = now, 0
         total = len(self.lr)
         eta = (now - self.train_start) / (state.global_step - self.start_step) * (
             total - state.global_step)
         self.logger.info("epoch %d/%d step %d/%d (global %d) loss %.4f lr %.6f "
-                         "%.1f img/s eta %s", cb.cur_epoch_num, total // self.steps_per_epoch,
+                         "%.1f img/s eta %s", epoch, total // self.steps_per_epoch,
                          step_in_epoch, self.steps_per_epoch, state.global_step, state.loss,
                          self.lr[state.global_step - 1], img_per_s, _hms(eta))
 
     def on_train_epoch_end(self, run_context):
-        cb = run_context.original_args()
         step = self.state.global_step
-        if self.state.nonfinite_step or step % self.steps_per_epoch:
-            return  # stopped mid-epoch (signal, non-finite loss): no epoch record, no eval
+        if self.state.must_stop or step % self.steps_per_epoch:
+            return  # mid-epoch (a sink call, a signal, a stop): no epoch record, no eval
         seconds = time.time() - self.epoch_start
-        record = {"epoch": cb.cur_epoch_num, "step": step,
+        epoch = step // self.steps_per_epoch
+        record = {"epoch": epoch, "step": step,
                   "loss": float(sum(self.epoch_losses) / len(self.epoch_losses))
                   if self.epoch_losses else None,
                   "lr": float(self.lr[step - 1]), "time_s": round(seconds, 3),
-                  "img_per_s": round(len(self.epoch_losses) * self.global_batch_size
+                  "img_per_s": round(self.epoch_steps * self.global_batch_size
                                      / max(seconds, 1e-9), 2),
                   "overflow_steps": self.state.overflow_steps}
+        if self.state.loss_scale is not None:
+            record["loss_scale"] = self.state.loss_scale
         last = step == len(self.lr)
-        if self.evaluator and (cb.cur_epoch_num % self.eval_interval == 0 or last):
-            record.update(self.evaluator(cb.network))
-        self.logger.info("epoch %d done: %s", cb.cur_epoch_num, json.dumps(record))
+        if self.evaluator and (epoch % self.eval_interval == 0 or last):
+            record.update(self.evaluator())
+        self.logger.info("epoch %d done: %s", epoch, json.dumps(record))
         if self.metrics_path:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
@@ -295,12 +369,12 @@ class CheckpointSaver(Callback):
     def on_train_step_end(self, run_context):
         if self.error or self.state.nonfinite_step:
             return
-        step = self.state.global_step
+        step, done = self.state.global_step, self.state.steps_per_call
         if self.stop.received:
             self.save(run_context)
             run_context.request_stop()
-        elif self.save_steps and step % self.save_steps == 0:
-            self.save(run_context)
+        elif self.save_steps and step // self.save_steps > (step - done) // self.save_steps:
+            self.save(run_context)  # in sink mode: the first sink end at or past a multiple
 
     def on_train_epoch_end(self, run_context):
         if self.error or self.state.nonfinite_step:

@@ -18,11 +18,16 @@ CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
 CONFIG_KEY = "run_config"
 METADATA_KEYS = (STEP_KEY, CONFIG_KEY)
+EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.train_step names them
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Names Model.train's training cell adds to the network's: optimizer state and counters.
-TRAINING_STATE_PREFIXES = ("moments.", "accum.", "learning_rate", "global_step", "momentum",
-                           "scale_sense", "current_iterator_step", "epoch_num", "step_num",
-                           "last_overflow_iterator_step") + METADATA_KEYS
+# Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
+# ``lamb_m.``/``lamb_v.``; the weight EMA (``src.train_step``): ``ema.`` and ``ema_updates``.
+TRAINING_STATE_PREFIXES = ("moments.", "accum.", "adam_m.", "adam_v.", "lamb_m.", "lamb_v.",
+                           "beta1_power", "beta2_power", "learning_rate", "global_step",
+                           "momentum", "scale_sense", "current_iterator_step", "epoch_num",
+                           "step_num", "last_overflow_iterator_step", EMA_PREFIX,
+                           EMA_COUNTER) + METADATA_KEYS
 
 
 class CheckpointError(UserError, ValueError):
@@ -78,7 +83,21 @@ def compare(net, params):
     return missing, unexpected, mismatched
 
 
-def load_into_network(net, path, drop_mismatched_classifier=False):
+def ema_weights(params):
+    """The weight EMA a training checkpoint holds (``ema.<name>`` entries, written when
+    ``ema_decay`` > 0), under the network's names; empty if it has none.
+
+    Args:
+        params (dict): As ``read_checkpoint`` returns.
+
+    Returns:
+        dict: name -> Parameter.
+    """
+    return {name[len(EMA_PREFIX):]: ms.Parameter(value.value(), name=name[len(EMA_PREFIX):])
+            for name, value in params.items() if name.startswith(EMA_PREFIX)}
+
+
+def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False):
     """Load a checkpoint into ``net``, strictly.
 
     Args:
@@ -87,9 +106,12 @@ def load_into_network(net, path, drop_mismatched_classifier=False):
         drop_mismatched_classifier (bool): For fine-tuning: when only ``fc.*`` shapes differ
             (another class count), keep the network's freshly initialized classifier and load
             everything else.
+        use_ema (bool): Load the checkpoint's weight EMA instead of its live weights when it
+            holds one (``ema_weights``).
 
     Returns:
-        list[str]: names of the parameters that were not loaded (dropped classifier).
+        tuple(list[str], bool): names of the parameters that were not loaded (dropped
+        classifier), and whether the EMA weights were loaded.
 
     Raises:
         MissingFileError: If the file does not exist.
@@ -97,6 +119,8 @@ def load_into_network(net, path, drop_mismatched_classifier=False):
             lists the mismatched parameters (e.g. another depth or class count).
     """
     params = read_checkpoint(path)
+    averages = ema_weights(params) if use_ema else {}
+    params = averages or params
     missing, unexpected, mismatched = compare(net, params)
     dropped = []
     if drop_mismatched_classifier and mismatched and all(
@@ -108,7 +132,7 @@ def load_into_network(net, path, drop_mismatched_classifier=False):
     for name in dropped + [k for k in METADATA_KEYS if k in params]:
         del params[name]
     ms.load_param_into_net(net, params, strict_load=True)
-    return dropped
+    return dropped, bool(averages)
 
 
 def _mismatch_message(path, missing, unexpected, mismatched, limit=10):

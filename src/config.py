@@ -19,13 +19,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "config.yaml")
 TRUE_WORDS = {"true", "yes", "1", "on"}
 FALSE_WORDS = {"false", "no", "0", "off"}
-POSITIVE = ("batch_size", "epoch_size", "class_num", "image_size", "eval_resize", "log_interval",
+POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
+            "eval_resize", "grad_accumulation_steps", "log_interval",
             "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size", "base_lr",
-            "eval_interval", "top_k", "num_parallel_workers", "loss_scale")
+            "eval_interval", "top_k", "num_parallel_workers", "loss_scale", "eps",
+            "calibration_images", "scale_window")
 """Keys whose value must be > 0, checked for every entry point (``check_values``)."""
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
-                "lr_end", "label_smoothing", "device_id")
+                "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
+                "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm")
 """Keys whose value must be >= 0."""
+UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_prob": "[0, 1]",
+                 "label_smoothing": "[0, 1)", "ema_decay": "[0, 1)", "beta1": "[0, 1)",
+                 "beta2": "[0, 1)", "bce_target_threshold": "[0, 1)",
+                 "max_overflow_fraction": "[0, 1]"}
+"""Keys whose value must lie in the given interval of [0, 1]."""
+RENAMED = {"image_size": "train_image_size (training crop) and eval_image_size (eval, export, "
+                         "predict)"}
+"""Keys of earlier versions and what replaced them, named in the unknown-key error."""
 SECTION = re.compile(r"^# -+ (.+?) -+$")
 
 
@@ -161,6 +172,8 @@ def merge(cfg, updates, defaults, choices, source):
             value outside the key's choices.
     """
     for key, value in updates.items():
+        if key in RENAMED and key not in defaults:
+            raise ConfigError(f"{source}: config key {key!r} was replaced by {RENAMED[key]}")
         if key not in defaults:
             raise ConfigError(f"{source}: unknown config key {key!r}; "
                               f"valid keys: {', '.join(defaults)}")
@@ -230,7 +243,8 @@ def _metavar(default):
 
 def check_values(cfg):
     """Range checks shared by every entry point: ``POSITIVE`` keys > 0, ``NON_NEGATIVE``
-    keys >= 0, ``train_crop_scale`` a [min, max] area range.
+    keys >= 0, ``UNIT_INTERVAL`` keys in their interval, ``train_crop_scale`` a [min, max]
+    area range.
 
     Raises:
         ConfigError: Naming the key, its value and what was expected.
@@ -242,8 +256,16 @@ def check_values(cfg):
     for key in NON_NEGATIVE:
         if cfg[key] < 0:
             raise ConfigError(f"{key} must be 0 or positive, got {cfg[key]}")
-    if cfg.label_smoothing >= 1:
-        raise ConfigError(f"label_smoothing must be in [0, 1), got {cfg.label_smoothing}")
+    for key, interval in UNIT_INTERVAL.items():
+        if not 0 <= cfg[key] <= 1 or (interval.endswith(")") and cfg[key] == 1):
+            raise ConfigError(f"{key} must be in {interval}, got {cfg[key]}")
+    if cfg.scale_factor <= 1:
+        raise ConfigError(f"scale_factor must be > 1, got {cfg.scale_factor}")
+    if not 0 <= cfg.randaugment_num_ops <= 3:
+        raise ConfigError(f"randaugment_num_ops must be in 0..3, got {cfg.randaugment_num_ops}")
+    if not 0 <= cfg.randaugment_magnitude <= 30:
+        raise ConfigError(f"randaugment_magnitude must be in 0..30 (31 bins), got "
+                          f"{cfg.randaugment_magnitude}")
     low, high = (cfg.train_crop_scale + [None, None])[:2]
     if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
         raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "

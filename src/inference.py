@@ -1,5 +1,6 @@
 """Inference helpers shared by eval.py, export.py and predict.py: loading a .ckpt, .mindir or
 .onnx model as a function of numpy images, and reading images as the eval pipeline does."""
+import logging
 import os
 
 import mindspore as ms
@@ -13,17 +14,24 @@ from src.image_check import IMAGE_EXTENSIONS, ImageFolderError
 from src.resnet import create_network
 
 
+LOGGER = logging.getLogger(__name__)
+
+
 class ModelInputError(UserError, ValueError):
     """Images do not have the input shape an exported model was exported with."""
 
 
-def load_network(net_name, class_num, checkpoint_path):
+def load_network(net_name, class_num, checkpoint_path, use_ema=True):
     """Build a network, load a checkpoint into it strictly and switch to inference mode.
+
+    A log line says whether the checkpoint's weight EMA (``ema_decay`` runs) or its live
+    weights were loaded.
 
     Args:
         net_name (str): Architecture (``resnet18`` .. ``resnet152``).
         class_num (int): Classifier outputs.
         checkpoint_path (str): ``.ckpt`` file.
+        use_ema (bool): Load the EMA weights when the checkpoint holds them.
 
     Returns:
         nn.Cell: The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
@@ -36,7 +44,10 @@ def load_network(net_name, class_num, checkpoint_path):
     if not checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
     net = create_network(net_name, class_num)
-    load_into_network(net, checkpoint_path)
+    _, ema = load_into_network(net, checkpoint_path, use_ema=use_ema)
+    LOGGER.info("%s: %s", checkpoint_path, "its EMA weights (use_ema true)" if ema else
+                "its network weights" + (" (it holds no EMA)" if use_ema else
+                                         " (use_ema false)"))
     net.set_train(False)
     return net
 
@@ -179,8 +190,8 @@ def check_input_shape(shape, declared, kind, path):
         return
     expected = tuple("any" if d is None else d for d in declared)
     raise ModelInputError(f"{kind} file {path} was exported for input shape {expected} but "
-                          f"gets {tuple(shape)}: pass the --batch_size and --image_size it was "
-                          f"exported with")
+                          f"gets {tuple(shape)}: pass the --batch_size and --eval_image_size it "
+                          f"was exported with")
 
 
 def is_shape_inference_error(err):
@@ -223,28 +234,28 @@ def batched(forward, batch_size, kind, path, input_shape=None):
                 if input_shape is not None or not is_shape_inference_error(err):
                     raise
                 raise ModelInputError(f"{kind} file {path} cannot take input of shape "
-                                      f"{chunk.shape}: pass the --batch_size and --image_size "
+                                      f"{chunk.shape}: pass the --batch_size and --eval_image_size "
                                       f"it was exported with ({str(err).splitlines()[0]})"
                                       ) from err
         return np.concatenate(outputs)
     return run
 
 
-def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size):
-    net = load_network(net_name, class_num, checkpoint_path)
+def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema):
+    net = load_network(net_name, class_num, checkpoint_path, use_ema)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
                                           for chunk in chunks(images, batch_size)])
 
 
-def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size):
-    del net_name, class_num  # the graph holds them
+def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema):
+    del net_name, class_num, use_ema  # the graph holds them
     graph = load_mindir(checkpoint_path)
     return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), batch_size, "MindIR",
                    checkpoint_path, mindir_input_shape(checkpoint_path))
 
 
-def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size):
-    del net_name, class_num  # the graph holds them
+def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema):
+    del net_name, class_num, use_ema  # the graph holds them
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
 
@@ -253,7 +264,7 @@ PREDICTORS = {".ckpt": _checkpoint_predictor, ".mindir": _mindir_predictor,
               ".onnx": _onnx_predictor}
 
 
-def load_predictor(checkpoint_path, net_name, class_num, batch_size):
+def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=True):
     """A model file as a function: float32 numpy images (N, 3, image_size, image_size),
     preprocessed as in eval -> float32 numpy logits (N, class_num), any N.
 
@@ -265,6 +276,7 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size):
         batch_size (int): ``.ckpt``: images per forward pass, at most. Exported models take
             exactly the batch size they were exported with: give that one; any N is run in
             such chunks.
+        use_ema (bool): ``.ckpt`` only: its EMA weights when it holds them.
 
     Raises:
         ConfigError: If the suffix is none of these (names the file).
@@ -275,7 +287,7 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size):
     if suffix not in PREDICTORS:
         raise ConfigError(f"checkpoint_path {checkpoint_path!r}: expected a "
                           f"{', '.join(PREDICTORS)} file")
-    return PREDICTORS[suffix](checkpoint_path, net_name, class_num, batch_size)
+    return PREDICTORS[suffix](checkpoint_path, net_name, class_num, batch_size, use_ema)
 
 
 def softmax(logits):

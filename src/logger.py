@@ -13,7 +13,7 @@ class _Early(logging.handlers.BufferingHandler):
         return False
 
 
-def get_logger(name, log_file=None, rank=0):
+def get_logger(name, log_file=None, rank=0, stream=None):
     """Return a logger printing ``time rank level message`` lines; the ``src`` package's
     loggers write to the same stream and file.
 
@@ -25,6 +25,8 @@ def get_logger(name, log_file=None, rank=0):
         name (str): Logger name (the entry point).
         log_file (str, optional): Also append to this file.
         rank (int): Device rank shown in each line (data-parallel runs).
+        stream (file, optional): Where lines are printed; default stdout (predict.py, whose
+            stdout is its JSON output, passes stderr).
     """
     logger = logging.getLogger(name)
     early = [h for h in logger.handlers if isinstance(h, _Early)]
@@ -32,7 +34,7 @@ def get_logger(name, log_file=None, rank=0):
     logger.handlers.clear()
     logger.propagate = False
     fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stdout)]
+    handlers = [logging.StreamHandler(stream or sys.stdout)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
         for record in early[0].buffer if early else []:
@@ -42,9 +44,10 @@ def get_logger(name, log_file=None, rank=0):
     for handler in handlers:
         handler.setFormatter(fmt)
         logger.addHandler(handler)
-    # Warnings of the src.* modules (skipped files, unreadable checkpoints) go to the same places.
+    # Lines of the src.* modules (skipped files, which weights were loaded) go to the same places.
     package = logging.getLogger("src")
     package.handlers.clear()
+    package.setLevel(logging.INFO)
     package.propagate = False
     for handler in handlers:
         package.addHandler(handler)

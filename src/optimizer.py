@@ -1,7 +1,18 @@
-"""SGD with momentum and parameter groups: no weight decay on BatchNorm and biases."""
+"""Optimizers over two parameter groups (no weight decay on BatchNorm and biases).
+
+``create_optimizer`` builds one of the optimizers in ``OPTIMIZERS``: SGD with momentum
+(``nn.Momentum``, the default and the recipes' optimizer), AdamW (``AdamW`` below, equal to
+``torch.optim.AdamW``; MindSpore's ``nn.AdamWeightDecay`` is not) or LAMB (``Lamb`` below:
+MindSpore 2.10's ``nn.Lamb`` has no CPU kernel). ``AdamW`` and ``Lamb`` share one update
+function and one ``construct`` (``_BiasCorrectedAdam``) and differ only in the trust ratio.
+"""
 import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
+from mindspore import ops
+from mindspore.common import dtype as mstype
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
 
 
 def split_weight_decay(params):
@@ -22,28 +33,330 @@ def split_weight_decay(params):
     return decay, no_decay
 
 
-def create_optimizer(net, lr, momentum, weight_decay, loss_scale=1.0):
-    """``nn.Momentum`` over two parameter groups, same update as ``torch.optim.SGD``.
+_adam_update = C.MultitypeFuncGraph("resnet_adam_update")
 
-    MindSpore's Momentum computes v = momentum * v + (grad + wd * w); w -= lr * v, which is
-    torch.optim.SGD with dampening 0 and nesterov False.
+
+@_adam_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool", "Tensor",
+                       "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool", "Bool")
+def _adam_update_tensor(beta1, beta2, eps, bias_correction1, bias_correction2, trust_ratio, lr,
+                        weight_decay, param, m, v, gradient, decay_flag, optim_filter):
+    """One step of one parameter for ``AdamW`` (``trust_ratio`` False) or ``Lamb`` (True), see
+    ``_BiasCorrectedAdam``; updates ``param``, ``m`` and ``v`` in place. ``bias_correction1``
+    and ``bias_correction2`` are ``1 - beta1^t`` and ``1 - beta2^t``. ``trust_ratio`` is a
+    Python bool (a class constant), so GRAPH mode compiles only the branch taken.
+
+    Returns:
+        Tensor: the new parameter value (``gradient`` if ``optim_filter`` is False).
+    """
+    if not optim_filter:
+        return gradient
+    w = F.cast(param, mstype.float32)
+    g = F.cast(gradient, mstype.float32)
+    next_m = beta1 * F.cast(m, mstype.float32) + (1.0 - beta1) * g
+    next_v = beta2 * F.cast(v, mstype.float32) + (1.0 - beta2) * F.square(g)
+    m_hat = next_m / bias_correction1
+    v_hat = next_v / bias_correction2
+    update = m_hat / (F.sqrt(v_hat) + eps)
+    if decay_flag:
+        update = update + weight_decay * w
+    if trust_ratio:
+        w_norm = F.sqrt(F.reduce_sum(F.square(w)))
+        u_norm = F.sqrt(F.reduce_sum(F.square(update)))
+        both_positive = F.logical_and(w_norm > 0.0, u_norm > 0.0)
+        ones = F.ones_like(w_norm)
+        ratio = F.select(both_positive, w_norm / F.select(both_positive, u_norm, ones), ones)
+        update = ratio * update
+    next_w = w - lr * update
+    next_w = F.depend(next_w, F.assign(param, F.cast(next_w, F.dtype(param))))
+    next_w = F.depend(next_w, F.assign(m, F.cast(next_m, F.dtype(m))))
+    next_w = F.depend(next_w, F.assign(v, F.cast(next_v, F.dtype(v))))
+    return F.cast(next_w, F.dtype(param))
+
+
+class _BiasCorrectedAdam(nn.Optimizer):
+    r"""Adam moments with bias correction and decoupled weight decay, optionally with LAMB's
+    layer-wise trust ratio; the shared code of ``AdamW`` and ``Lamb``, built from standard
+    operators, so it runs on CPU, GPU and Ascend alike. Per parameter tensor :math:`w`, step
+    :math:`t = 1, 2, \dots`:
+
+    .. math::
+        m_t = \beta_1 m_{t-1} + (1-\beta_1) g_t,\quad v_t = \beta_2 v_{t-1} + (1-\beta_2) g_t^2 \\
+        \hat m_t = m_t / (1-\beta_1^t),\quad \hat v_t = v_t / (1-\beta_2^t) \\
+        r_t = \hat m_t / (\sqrt{\hat v_t} + \epsilon) + \lambda w_{t-1} \\
+        w_t = w_{t-1} - \eta_t \rho_t r_t
+
+    with :math:`\rho_t = 1` (``AdamW``) or the trust ratio (``Lamb``). :math:`\lambda` is the
+    group's weight decay (0 for the no-decay group). Moments are kept in the parameter's dtype
+    and computed in float32; :math:`t` is the optimizer's ``global_step`` + 1, saved in
+    training checkpoints with the moments.
+
+    Subclasses set ``TRUST_RATIO`` (bool) and ``MOMENT_PREFIXES`` (names of the first and
+    second moments' parameter copies, listed as optimizer state in ``src.checkpoint``).
+
+    Args:
+        params (Union[list[Parameter], list[dict]]): Parameters or groups, as for ``nn.Optimizer``.
+        learning_rate (Union[float, Tensor, Iterable, LearningRateSchedule]): As for
+            ``nn.Optimizer``; a 1-D Tensor gives the LR of each step.
+        beta1 (float): Decay of the first moment, in (0, 1).
+        beta2 (float): Decay of the second moment, in (0, 1).
+        eps (float): Added to :math:`\sqrt{\hat v_t}`, > 0.
+        weight_decay (float): :math:`\lambda` of parameters not in a group that sets its own.
+    """
+
+    TRUST_RATIO = None
+    MOMENT_PREFIXES = None
+
+    def __init__(self, params, learning_rate, beta1, beta2, eps, weight_decay):
+        super().__init__(learning_rate, params, weight_decay)
+        cls = type(self).__name__
+        for name, value in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 < float(value) < 1.0:
+                raise ValueError(f"{cls}: {name} must be in (0, 1), got {value}")
+        if not float(eps) > 0.0:
+            raise ValueError(f"{cls}: eps must be > 0, got {eps}")
+        self.beta1 = ms.Tensor(np.array([beta1], np.float32))
+        self.beta2 = ms.Tensor(np.array([beta2], np.float32))
+        self.eps = ms.Tensor(np.array([eps], np.float32))
+        first, second = self.MOMENT_PREFIXES
+        self.moments1 = self._parameters.clone(prefix=first, init="zeros")
+        self.moments2 = self._parameters.clone(prefix=second, init="zeros")
+
+    @ms.jit(backend="ms_backend")
+    def construct(self, gradients):
+        weight_decay = self.get_weight_decay()
+        lr = self.get_lr()  # the LR of step global_step (0-based), read before the increment
+        step = F.depend(self.global_step,
+                        self.assignadd(self.global_step, self.global_step_increase_tensor))
+        step = F.cast(step, mstype.float64)  # t = 1 on the first call
+        # 1 - beta^t in float64 (torch uses Python floats): in float32, 1 - 0.999^t at small t
+        # keeps only ~5 significant digits (relative error ~7e-6, ~4e-7 in a step of lr 0.1;
+        # MindSpore's CPU expm1 is no better). float64 Pow was checked on CPU only.
+        bc1 = F.cast(1.0 - ops.pow(F.cast(self.beta1, mstype.float64), step), mstype.float32)
+        bc2 = F.cast(1.0 - ops.pow(F.cast(self.beta2, mstype.float64), step), mstype.float32)
+        gradients = self.flatten_gradients(gradients)
+        beta1, beta2, eps, trust_ratio = self.beta1, self.beta2, self.eps, self.TRUST_RATIO
+        if self.is_group:
+            if self.is_group_lr:
+                return self.hyper_map(
+                    F.partial(_adam_update, beta1, beta2, eps, bc1, bc2, trust_ratio),
+                    lr, weight_decay, self._parameters, self.moments1, self.moments2, gradients,
+                    self.decay_flags, self.optim_filter)
+            return self.hyper_map(
+                F.partial(_adam_update, beta1, beta2, eps, bc1, bc2, trust_ratio, lr),
+                weight_decay, self._parameters, self.moments1, self.moments2, gradients,
+                self.decay_flags, self.optim_filter)
+        return self.hyper_map(
+            F.partial(_adam_update, beta1, beta2, eps, bc1, bc2, trust_ratio, lr, weight_decay),
+            self._parameters, self.moments1, self.moments2, gradients, self.decay_flags,
+            self.optim_filter)
+
+
+class AdamW(_BiasCorrectedAdam):
+    r"""AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101) equal to ``torch.optim.AdamW``
+    (``amsgrad=False``, ``maximize=False``) up to float rounding: ``_BiasCorrectedAdam`` without
+    the trust ratio,
+
+    .. math::
+        w_t = w_{t-1} - \eta_t \left(\hat m_t / (\sqrt{\hat v_t} + \epsilon)
+              + \lambda w_{t-1}\right)
+
+    which is torch's :math:`w_{t-1}(1 - \eta_t\lambda) - \eta_t \hat m_t /
+    (\sqrt{\hat v_t} + \epsilon)`: decoupled weight decay (multiplied by the full LR, as
+    torch), bias correction, eps added to :math:`\sqrt{\hat v_t}`. Why not MindSpore's
+    ``nn.AdamWeightDecay``: see ``create_optimizer``. Moments: ``adam_m.*``, ``adam_v.*``.
+
+    Args: as ``_BiasCorrectedAdam``; defaults eps 1e-8 (torch's) and weight_decay 0.0 (torch's
+    is 1e-2; ``create_optimizer`` sets it per group from the config).
+    """
+
+    TRUST_RATIO = False
+    MOMENT_PREFIXES = ("adam_m", "adam_v")
+
+    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay)
+
+
+class Lamb(_BiasCorrectedAdam):
+    r"""LAMB (You et al. 2020, Algorithm 2): ``_BiasCorrectedAdam`` with the trust ratio
+
+    .. math::
+        \rho_t = \|w_{t-1}\|_2 / \|r_t\|_2 \text{ if both norms are } > 0 \text{, else } 1
+
+    applied to every tensor (one "layer"), the no-decay group included.
+
+    MindSpore 2.10's ``nn.Lamb`` calls the ``Lamb`` primitive, which has no CPU kernel
+    ("Unsupported op [Lamb] on CPU"), and whose GPU kernel departs from the paper (see
+    ``create_optimizer``). Moments: ``lamb_m.*``, ``lamb_v.*``.
+
+    Args: as ``_BiasCorrectedAdam``; defaults eps 1e-6 and weight_decay 0.0.
+    """
+
+    TRUST_RATIO = True
+    MOMENT_PREFIXES = ("lamb_m", "lamb_v")
+
+    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0):
+        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay)
+
+
+def _build_momentum(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
+    """``nn.Momentum``: exactly the recipes' optimizer (betas and eps unused)."""
+    del beta1, beta2, eps
+    return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum,
+                       loss_scale=loss_scale)
+
+
+def _build_adamw(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
+    """``AdamW`` of this module (momentum and loss_scale unused)."""
+    del momentum, loss_scale
+    return AdamW(groups, learning_rate=learning_rate, beta1=float(beta1), beta2=float(beta2),
+                 eps=float(eps))
+
+
+def _build_lamb(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
+    """``Lamb`` of this module (momentum and loss_scale unused)."""
+    del momentum, loss_scale
+    return Lamb(groups, learning_rate=learning_rate, beta1=float(beta1), beta2=float(beta2),
+                eps=float(eps))
+
+
+#: name -> builder(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale)
+OPTIMIZERS = {"momentum": _build_momentum, "adamw": _build_adamw, "lamb": _build_lamb}
+
+#: the optimizers that take a fixed loss scale and divide it out of the gradients themselves
+TAKES_LOSS_SCALE = ("momentum",)
+
+
+def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
+                     optimizer="momentum", beta1=0.9, beta2=0.999, eps=1e-8):
+    r"""One of ``OPTIMIZERS`` over two parameter groups.
+
+    **Groups.** Decayed: every trainable parameter except those named ``*.gamma``, ``*.beta``
+    (BatchNorm) and ``*.bias``, i.e. convolution and dense weights, with ``weight_decay``.
+    Not decayed: BatchNorm gamma/beta and all biases (weight decay 0). Parameters keep the
+    network's order (``order_params``). Same groups for all three optimizers.
+
+    **"momentum"** (``nn.Momentum``, unchanged; the recipes' optimizer). With
+    :math:`\tilde g = g / s + \lambda w` (:math:`s` = ``loss_scale``; MindSpore multiplies
+    :math:`\lambda` by :math:`s` and adds it to the still scaled gradient, then divides by
+    :math:`s`)::
+
+        v <- mu * v + g~ ;   w <- w - lr * v
+
+    which is ``torch.optim.SGD(momentum=mu, dampening=0, nesterov=False, weight_decay=wd)``.
+
+    **"adamw"** (``AdamW`` in this module; decoupled weight decay: Loshchilov & Hutter 2019,
+    "Decoupled Weight Decay Regularization", arXiv:1711.05101). Equal to ``torch.optim.AdamW``
+    (``amsgrad=False``) up to float rounding::
+
+        m <- b1 * m + (1 - b1) * g ;  v <- b2 * v + (1 - b2) * g^2
+        m_hat = m / (1 - b1^t) ;  v_hat = v / (1 - b2^t)          (t = 1, 2, ...)
+        w <- w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
+
+    i.e. torch's ``w <- w * (1 - lr * wd)`` then ``w <- w - lr * m_hat / (sqrt(v_hat) + eps)``:
+    decoupled weight decay with the pre-step ``w``, multiplied by the full LR as torch does (the
+    paper's AdamW multiplies ``wd * w`` by the schedule multiplier ``eta_t`` only, not by the
+    base step size ``alpha``); bias correction; eps added to ``sqrt(v_hat)``. The no-decay group
+    (BatchNorm gamma/beta, biases) gets no weight decay (torch: a group with
+    ``weight_decay=0``). Defaults: torch's weight_decay is 1e-2; here it comes from
+    ``weight_decay`` (the config). eps defaults to 1e-8, as torch.
+
+    Why not MindSpore's ``nn.AdamWeightDecay``: MindSpore 2.10 calls the fused
+    ``AdamWeightDecay`` primitive, whose update (``mindspore/nn/optim/adam.py`` and the
+    primitive's documentation) is::
+
+        m <- b1 * m + (1 - b1) * g
+        v <- b2 * v + (1 - b2) * g^2
+        w <- w - lr * (m / (sqrt(v) + eps) + wd * w)
+
+    which differs from ``torch.optim.AdamW``:
+
+    - No bias correction. MindSpore's step is torch's times ``(1 - b1^t) / sqrt(1 - b2^t)``
+      (eps aside): with b1 = 0.9, b2 = 0.999 that is 3.16 at t = 1, 6.57 at its maximum
+      (t = 12), 1.26 at t = 1000, and within 1 % of 1 only from t ~ 3900 (0.1 % from ~6200).
+    - eps is added to ``sqrt(v)``, not to ``sqrt(v_hat) = sqrt(v) / sqrt(1 - b2^t)``: in
+      torch's units MindSpore's eps is ``eps / sqrt(1 - b2^t)`` (31.6 x eps at t = 1).
+    - (Not a difference: its weight decay is ``lr * wd * w`` with the pre-step ``w``, as
+      torch's.) Its defaults are eps 1e-6 and weight_decay 0.0; it has no ``loss_scale``
+      argument, and its docstring calls it deprecated ("removed after 2.9.0").
+
+    ``AdamW`` keeps its moments under the same names as ``nn.AdamWeightDecay`` (``adam_m.*``,
+    ``adam_v.*``; same raw ``m`` and ``v``), and bias correction reads the step from the
+    optimizer's ``global_step``, which training checkpoints hold.
+
+    **"lamb"** (``Lamb`` in this module; You et al. 2020, "Large Batch Optimization for Deep
+    Learning: Training BERT in 76 minutes", arXiv:1904.00962, Algorithm 2). Per tensor::
+
+        m <- b1 * m + (1 - b1) * g ;  v <- b2 * v + (1 - b2) * g^2
+        m_hat = m / (1 - b1^t) ;  v_hat = v / (1 - b2^t)          (t = 1, 2, ...)
+        r = m_hat / (sqrt(v_hat) + eps) + wd * w
+        ratio = ||w|| / ||r||  if ||w|| > 0 and ||r|| > 0, else 1
+        w <- w - lr * ratio * r
+
+    Why not ``nn.Lamb``: MindSpore 2.10's ``nn.Lamb`` calls the ``Lamb`` primitive, which has
+    no CPU kernel ("Unsupported op [Lamb] on CPU"); it is also marked deprecated. ``Lamb`` here
+    is one implementation for all devices. Differences from the paper:
+
+    - The paper scales by ``phi(||w||)`` with a clipping function ``phi``; here ``phi`` is the
+      identity (no bounds). The paper does not say what happens when a norm is 0; here the ratio
+      is 1 then (as timm and MindSpore do), e.g. for BatchNorm beta at its zero initialisation.
+    - Weight decay sits inside ``r``, hence inside the trust ratio's denominator (as the paper).
+
+    Differences from MindSpore's own ``nn.Lamb`` (GPU kernel ``lamb_impl.cu`` /
+    ``lamb_gpu_kernel.h`` in the MindSpore sources, not shipped in the wheel; same formulas as
+    ``nn.Lamb``'s Python implementation of MindSpore 1.x): it updates with the same ``r`` but
+    computes the trust ratio's denominator as ``||m_hat / sqrt(v_hat + eps) + wd * w||``
+    (eps inside the square root), clips the ratio to [0, 10] (NaN -> 0), and uses 1 when
+    ``||w|| = 0`` or that norm is 0 (MindSpore 1.x tested the raw gradient's norm instead).
+    Both apply the trust ratio to every tensor, the no-decay group included; bias correction
+    uses t = 1 on the first step in both. MindSpore 1.x on Ascend used the fused
+    ``LambApplyOptimizerAssign``/``LambApplyWeightAssign`` (denominator ``||r||``, eps
+    outside); 2.10's Ascend kernel was not checked.
+
+    Differences from timm's ``Lamb`` (``timm.optim.Lamb``; defaults eps 1e-6, weight_decay
+    0.01): timm first clips the global gradient norm over all parameters to ``max_grad_norm``
+    (default 1.0), which neither this ``Lamb`` nor MindSpore's has; timm applies the trust ratio
+    only to tensors whose weight decay is nonzero unless ``always_adapt=True`` (here: every
+    tensor, so BatchNorm and biases are layer-adapted too); ``trust_clip=True`` clips its ratio
+    to at most 1 (off by default). Bias correction, eps placement (``sqrt(v_hat) + eps``) and
+    the zero-norm rule (ratio 1) are the same.
+
+    **Loss scale.** ``nn.Momentum`` divides a fixed loss scale out of the gradients itself.
+    ``AdamW`` and ``Lamb`` take none, so ``loss_scale != 1`` with them raises
+    ``ValueError`` until the training cell unscales gradients itself.
 
     Args:
         net (nn.Cell): The network.
-        lr (numpy.ndarray or float): One LR per step (float32 array) or a constant.
-        momentum (float): Momentum coefficient.
-        weight_decay (float): L2 coefficient of the decayed group.
+        lr (numpy.ndarray or float): One LR per step (converted to a float32 Tensor) or a
+            constant.
+        momentum (float): Momentum coefficient ("momentum" only).
+        weight_decay (float): Weight decay of the decayed group (L2 added to the gradient for
+            "momentum", decoupled for "adamw", inside the trust ratio for "lamb").
         loss_scale (float): Gradients arrive multiplied by this (fixed loss scaling);
-            the optimizer divides it out.
+            "momentum" divides it out. Must be 1.0 for the others.
+        optimizer (str): A key of ``OPTIMIZERS``: "momentum", "adamw" or "lamb".
+        beta1 (float): First-moment decay ("adamw", "lamb").
+        beta2 (float): Second-moment decay ("adamw", "lamb").
+        eps (float): Denominator term ("adamw", "lamb"), placed as described above.
 
     Returns:
-        nn.Momentum: the optimizer.
+        nn.Optimizer: the optimizer.
+
+    Raises:
+        KeyError: ``optimizer`` is not a key of ``OPTIMIZERS`` (the message lists them).
+        ValueError: ``loss_scale != 1.0`` with an optimizer that cannot divide it out.
     """
+    if optimizer not in OPTIMIZERS:
+        raise KeyError(f"unknown optimizer {optimizer!r}; valid names: "
+                       f"{', '.join(sorted(OPTIMIZERS))}")
+    if loss_scale != 1.0 and optimizer not in TAKES_LOSS_SCALE:
+        raise ValueError(f"optimizer {optimizer!r} cannot divide out a fixed loss scale "
+                         f"(loss_scale={loss_scale}); only {', '.join(TAKES_LOSS_SCALE)} can. "
+                         "Use loss_scale 1.0 (no loss scaling, e.g. fp32/O0) with it until the "
+                         "training cell unscales gradients itself")
     decay, no_decay = split_weight_decay(net.trainable_params())
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0},
               {"order_params": net.trainable_params()}]
     learning_rate = lr if isinstance(lr, float) else ms.Tensor(np.asarray(lr, np.float32))
-    return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum,
-                       loss_scale=loss_scale)
-
+    return OPTIMIZERS[optimizer](groups, learning_rate, momentum=momentum, beta1=beta1,
+                                 beta2=beta2, eps=eps, loss_scale=loss_scale)

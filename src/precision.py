@@ -1,5 +1,8 @@
 """Mixed precision: the AMP level and the loss scaling that goes with it."""
-from mindspore.train import FixedLossScaleManager
+import mindspore as ms
+import mindspore.nn as nn
+
+from src.config import ConfigError
 
 
 def resolve_amp_level(amp_level, device_target):
@@ -19,24 +22,58 @@ def resolve_amp_level(amp_level, device_target):
     return "O0" if device_target == "CPU" else "O2"
 
 
-def loss_scale_setup(amp_level, device_target, loss_scale):
-    """(loss-scale manager for ``Model``, loss scale for the optimizer) under ``amp_level``.
+LOSS_SCALE_TYPES = ("auto", "fixed", "dynamic")
 
-    fp32 (O0): no loss scaling. GPU/Ascend: a fixed scale whose overflowed steps are skipped
-    (MindSpore's loss-scale cell checks the gradients and drops the update). CPU with mixed
-    precision: MindSpore supports only a fixed scale without overflow detection there, so the
-    optimizer divides it out and a non-finite loss stops training instead.
+
+def resolve_loss_scale_type(loss_scale_type, device_target):
+    """``loss_scale_type: auto`` -> ``dynamic`` on GPU/Ascend (as MindCV, torch.amp's
+    ``GradScaler``, NVIDIA and timm), ``fixed`` on CPU (MindSpore has no overflow check there).
+
+    Raises:
+        ConfigError: For ``dynamic`` on CPU, or a type not in ``LOSS_SCALE_TYPES``.
+    """
+    if loss_scale_type not in LOSS_SCALE_TYPES:
+        raise ConfigError(f"loss_scale_type must be one of {LOSS_SCALE_TYPES}, got "
+                          f"{loss_scale_type!r}")
+    if loss_scale_type == "auto":
+        return "fixed" if device_target == "CPU" else "dynamic"
+    if loss_scale_type == "dynamic" and device_target == "CPU":
+        raise ConfigError("loss_scale_type dynamic needs MindSpore's overflow check, which "
+                          "exists on GPU and Ascend only; use fixed (or auto) on CPU")
+    return loss_scale_type
+
+
+def loss_scale_setup(amp_level, device_target, loss_scale, loss_scale_type="auto",
+                     scale_factor=2.0, scale_window=1000):
+    """The loss scaling of ``TrainStep`` (``src.train_step``) under ``amp_level``.
+
+    fp32 (O0): no loss scaling. GPU/Ascend: a fixed or a dynamic scale
+    (``nn.DynamicLossScaleUpdateCell``: divided by ``scale_factor`` on every overflowed step,
+    which is skipped, and multiplied by it after ``scale_window`` steps without overflow; never
+    below 1). CPU with mixed precision: MindSpore has no overflow check there, so a fixed
+    scale is only multiplied in and divided out, and a non-finite loss stops training instead.
 
     Args:
         amp_level (str): The resolved level (``resolve_amp_level``).
         device_target (str): ``CPU``, ``GPU`` or ``Ascend``.
-        loss_scale (float): The fixed scale.
+        loss_scale (float): The fixed scale, or the dynamic scale's initial value.
+        loss_scale_type (str): ``auto``, ``fixed`` or ``dynamic`` (``resolve_loss_scale_type``).
+        scale_factor (float): Dynamic: the factor of each change, > 1.
+        scale_window (int): Dynamic: overflow-free steps before the scale grows.
 
     Returns:
-        tuple: (``FixedLossScaleManager`` or None, float).
+        tuple: (``scale_sense`` for ``TrainStep``: None, a float32 Tensor, a
+        ``FixedLossScaleUpdateCell`` or a ``DynamicLossScaleUpdateCell``; ``check_overflow``
+        bool; the resolved type: ``none``, ``fixed`` or ``dynamic``).
+
+    Raises:
+        ConfigError: As ``resolve_loss_scale_type``, checked even under O0.
     """
+    kind = resolve_loss_scale_type(loss_scale_type, device_target)
     if amp_level == "O0":
-        return None, 1.0
+        return None, False, "none"
     if device_target == "CPU":
-        return FixedLossScaleManager(loss_scale, drop_overflow_update=False), loss_scale
-    return FixedLossScaleManager(loss_scale, drop_overflow_update=True), 1.0
+        return ms.Tensor(loss_scale, ms.float32), False, kind
+    if kind == "dynamic":
+        return nn.DynamicLossScaleUpdateCell(loss_scale, scale_factor, scale_window), True, kind
+    return nn.FixedLossScaleUpdateCell(loss_scale), True, kind

@@ -19,7 +19,11 @@ from src.lr_schedule import LR_KEYS
 
 LOGGER = logging.getLogger(__name__)
 NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the config
-RESUME_KEYS = ("net_name", "class_num", "batch_size", "device_num") + LR_KEYS
+# Restored when present; checkpoints written before the loss scale was part of the training
+# cell lack it (the configured scale is used).
+NOT_REQUIRED = NOT_RESTORED + ("scale_sense",)
+RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
+               "device_num") + LR_KEYS
 """Keys a resumed run must share with its checkpoint: they fix the steps per epoch, the
 network's shapes and the per-step LR array."""
 
@@ -99,7 +103,7 @@ def restore_training_state(train_network, path):
         raise CheckpointError(f"{path} holds no optimizer state: not a training checkpoint "
                               f"(use --pre_trained to start from its weights)")
     missing, _, mismatched = compare(train_network, params)
-    missing = [n for n in missing if not n.startswith(NOT_RESTORED)]
+    missing = [n for n in missing if not n.startswith(NOT_REQUIRED)]
     mismatched = [m for m in mismatched if not m.startswith(NOT_RESTORED)]
     if missing or mismatched:
         raise CheckpointError(f"checkpoint {path} does not fit this run: missing {missing[:5]}"

@@ -63,6 +63,13 @@ def run_entry(script, *args, timeout=600):
     return result
 
 
+def succeeded(result):
+    """``result`` of ``run_entry``, after asserting it exited 0 (the output tails otherwise)."""
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n" \
+                                   f"{result.stderr[-3000:]}"
+    return result
+
+
 def interleaved_class_images(root, count):
     """The first ``count`` images of a class-folder root taken class by class in turn
     (1st of each class, then 2nd of each ...): a fixed order with every class in every batch.

@@ -16,7 +16,7 @@ def r18_ckpt(tmp_path_factory):
 
 def test_round_trip_loads_every_parameter(r18_ckpt):
     net = create_network("resnet18", class_num=10)
-    assert load_into_network(net, r18_ckpt) == []
+    assert load_into_network(net, r18_ckpt) == ([], False)
     saved = ms.load_checkpoint(r18_ckpt)
     np.testing.assert_array_equal(net.fc.weight.asnumpy(), saved["fc.weight"].asnumpy())
 
@@ -35,7 +35,7 @@ def test_other_depth_names_missing_parameters(r18_ckpt):
 def test_fine_tuning_drops_only_the_classifier(r18_ckpt):
     net = create_network("resnet18", class_num=3)
     fresh_fc = net.fc.weight.asnumpy().copy()
-    dropped = load_into_network(net, r18_ckpt, drop_mismatched_classifier=True)
+    dropped, _ = load_into_network(net, r18_ckpt, drop_mismatched_classifier=True)
     assert sorted(dropped) == ["fc.bias", "fc.weight"]
     np.testing.assert_array_equal(net.fc.weight.asnumpy(), fresh_fc)
     saved = ms.load_checkpoint(r18_ckpt)

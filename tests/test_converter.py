@@ -89,7 +89,7 @@ def test_converted_checkpoint_loads_into_our_network(r18_pth, tmp_path):
     ckpt = tmp_path / "r18.ckpt"
     assert run_tool(pth, ckpt).returncode == 0
     net = create_network("resnet18", 10)
-    assert load_into_network(net, str(ckpt)) == []
+    assert load_into_network(net, str(ckpt)) == ([], False)
     np.testing.assert_array_equal(net.layer2[0].bn1.moving_variance.asnumpy(),
                                   state["layer2.0.bn1.running_var"].numpy())
 
@@ -181,7 +181,7 @@ def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path)
     assert converted.returncode == 0, converted.stderr
     test = os.path.join(CIFAR_SAMPLE, "test")
     resize, crop = 36, 32  # the quick start trains at 32 px; the resize is exercised too
-    result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10", "--image_size",
+    result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10", "--eval_image_size",
                        crop, "--eval_resize", resize, "--batch_size", "8", "--checkpoint_path",
                        ckpt, "--data_path", test, "--output_dir", tmp_path)
     assert result.returncode == 0, result.stderr

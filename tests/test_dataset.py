@@ -1,15 +1,23 @@
-"""Input pipelines on real images: shapes, dtypes, greyscale, eval keeps every image."""
+"""Input pipelines on real images: shapes, dtypes, greyscale, eval keeps every image; the
+augmentation arguments (tests/test_augment.py checks the augmentations themselves): off by
+default, the batch transform hook, ignored for eval, bad values named."""
 import os
+import re
 import shutil
 
+import mindspore as ms
 import mindspore.dataset as ds
+import mindspore.dataset.transforms as transforms
+import mindspore.dataset.vision as vision
 import numpy as np
 import pytest
 from PIL import Image
 
-from src.dataset import count_images, create_dataset
+from src.dataset import (IMAGENET_MEAN, IMAGENET_STD, count_images, create_dataset,
+                         create_transforms)
+from src.image_check import IMAGE_EXTENSIONS
 from src.inference import preprocess_images
-from tests.helpers import imagenet_images
+from tests.helpers import IMAGENET_SMALL, imagenet_images
 
 
 def batches(dataset):
@@ -147,3 +155,103 @@ def test_bad_arguments(tmp_path):
         create_dataset(str(tmp_path / "nope"), True)
     with pytest.raises(ValueError, match="batch_size"):
         create_dataset(str(tmp_path), True, batch_size=0)
+
+
+@pytest.fixture()
+def dataset_seed():
+    """Restores the dataset seed (and Python's / numpy's, which ``set_seed`` also sets)."""
+    previous = ds.config.get_seed()
+    yield
+    ds.config.set_seed(previous)
+
+
+def pipeline_before_augmentations(data_path, batch_size, workers):
+    """The training pipeline as it was before the augmentation arguments existed."""
+    source = ds.ImageFolderDataset(data_path, extensions=IMAGE_EXTENSIONS, shuffle=True,
+                                   num_parallel_workers=workers)
+    ops = [vision.RandomCropDecodeResize(224, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0)),
+           vision.RandomHorizontalFlip(prob=0.5),
+           vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD), vision.HWC2CHW()]
+    data = source.map(operations=ops, input_columns="image", num_parallel_workers=workers)
+    data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
+                    num_parallel_workers=workers)
+    return data.batch(batch_size, drop_remainder=True)
+
+
+@pytest.mark.parametrize("augment", [{}, dict(auto_augment="none", random_erasing=0.0,
+                                              batch_transform=None)])
+def test_augmentation_off_is_the_previous_pipeline_bit_for_bit(dataset_seed, augment):
+    """Real ImageNet JPEGs, 2 workers, one seed: the default (and explicitly off) training
+    pipeline gives exactly the batches of the pipeline before augmentations were added."""
+    ds.config.set_seed(17)
+    before = batches(pipeline_before_augmentations(IMAGENET_SMALL, 8, 2))
+    ds.config.set_seed(17)
+    now = batches(create_dataset(IMAGENET_SMALL, True, batch_size=8, num_parallel_workers=2,
+                                 **augment))
+    assert len(now) == len(before) == 26 // 8
+    for (image, label), (old_image, old_label) in zip(now, before):
+        np.testing.assert_array_equal(image, old_image)
+        np.testing.assert_array_equal(label, old_label)
+    for decoded in (False, True):
+        assert [type(op) for op in create_transforms(True, decoded=decoded)] == [
+            vision.RandomResizedCrop if decoded else vision.RandomCropDecodeResize,
+            vision.RandomHorizontalFlip, vision.Normalize, vision.HWC2CHW]
+
+
+def test_batch_transform_runs_on_every_training_batch(cifar_small, dataset_seed):
+    """A trivial batch op (labels -> one-hot float32): called once per kept batch, in order,
+    with numpy images float32 (N, 3, H, W) and labels int32 (N,); its outputs, dtypes
+    included, become the columns; the images pass through untouched."""
+    calls = []
+
+    def one_hot(images, labels, batch_info):
+        calls.append((images.shape, images.dtype, labels.shape, labels.dtype,
+                      batch_info.get_batch_num()))
+        return images, np.eye(10, dtype=np.float32)[labels]
+
+    def build(**extra):
+        ds.config.set_seed(3)
+        return batches(create_dataset(cifar_small["train"], True, batch_size=12, image_size=32,
+                                      num_parallel_workers=2, **extra))
+
+    plain, mixed = build(), build(batch_transform=one_hot)
+    assert len(mixed) == len(plain) == 80 // 12  # the last partial batch is still dropped
+    assert [call[4] for call in calls] == list(range(len(plain)))
+    assert all(call[:4] == ((12, 3, 32, 32), np.float32, (12,), np.int32) for call in calls)
+    for (image, label), (mixed_image, target) in zip(plain, mixed):
+        np.testing.assert_array_equal(mixed_image, image)
+        assert target.dtype == np.float32 and target.shape == (12, 10)
+        np.testing.assert_array_equal(target, np.eye(10)[label])
+
+
+def test_eval_ignores_augmentation_arguments(cifar_small):
+    called = []
+
+    def build(**augment):
+        return batches(create_dataset(cifar_small["test"], False, batch_size=10, image_size=32,
+                                      eval_resize=32, num_parallel_workers=1, **augment))
+
+    augmented = build(auto_augment="trivialaugment_wide", random_erasing=1.0,
+                      batch_transform=lambda *args: called.append(args))
+    for (image, label), (plain_image, plain_label) in zip(augmented, build()):
+        np.testing.assert_array_equal(image, plain_image)
+        np.testing.assert_array_equal(label, plain_label)
+    assert not called
+
+
+@pytest.mark.parametrize("augment, message", [
+    (dict(auto_augment="trivialaugment"), "unknown auto_augment 'trivialaugment'; valid: none, "
+                                          "trivialaugment_wide, randaugment, autoaugment"),
+    (dict(auto_augment="randaugment", randaugment_num_ops=4),
+     "randaugment_num_ops must be an integer in [0, 3], got 4"),
+    (dict(auto_augment="randaugment", randaugment_magnitude=31),
+     "randaugment_magnitude must be an integer in [0, 30], got 31"),
+    (dict(auto_augment="randaugment", randaugment_magnitude=9.0),
+     "randaugment_magnitude must be an integer in [0, 30], got 9.0"),
+    (dict(random_erasing=1.5), "random_erasing must be a probability in [0, 1], got 1.5"),
+    (dict(batch_transform="mixup"), "batch_transform must be callable, got 'mixup'"),
+])
+def test_bad_augmentation_arguments_are_named(tmp_path, augment, message):
+    for training in (True, False):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            create_dataset(str(tmp_path), training, **augment)

@@ -12,22 +12,17 @@ import pytest
 from src.checkpoint import load_into_network
 from src.inference import list_images, preprocess_images
 from src.resnet import create_network
-from tests.helpers import CIFAR_SAMPLE, IMAGENET_SMALL, copy_class_folders, run_entry
+from tests.helpers import (CIFAR_SAMPLE, IMAGENET_SMALL, copy_class_folders, run_entry,
+                           succeeded)
 
-COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--image_size", "32",
-          "--eval_resize", "32", "--num_parallel_workers", "2"]
-
-
-def check(result):
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n" \
-                                   f"{result.stderr[-3000:]}"
-    return result
+COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--train_image_size", "32",
+          "--eval_image_size", "32", "--eval_resize", "32", "--num_parallel_workers", "2"]
 
 
 @pytest.fixture(scope="module")
 def trained(cifar_small, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("train"))
-    result = check(run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
+    result = succeeded(run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
                              "--eval_data_path", cifar_small["test"], "--run_eval", "true",
                              "--batch_size", "16", "--epoch_size", "2", "--log_interval", "2",
                              "--output_dir", out))
@@ -54,7 +49,7 @@ def test_train_writes_checkpoints_metrics_and_config(trained):
 
 def test_eval_covers_every_image(trained):
     out = os.path.join(trained["out"], "eval")
-    check(run_entry("eval.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--data_path",
+    succeeded(run_entry("eval.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--data_path",
                     trained["test"], "--batch_size", "7", "--output_dir", out))
     report = json.load(open(os.path.join(out, "eval_result.json")))
     assert report["images"] == 30
@@ -83,7 +78,7 @@ def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, tmp_path):
     scale = np.abs(expected).max()
     for fmt, suffix in (("MINDIR", ".mindir"), ("ONNX", ".onnx")):
         name = str(tmp_path / f"r18_{fmt}")
-        check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+        succeeded(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
                         "--file_format", fmt, "--file_name", name, "--batch_size", "4"))
         if fmt == "MINDIR":
             got = ms.nn.GraphCell(ms.load(name + suffix))(ms.Tensor(images)).asnumpy()
@@ -102,7 +97,7 @@ def test_folding_is_optional_and_both_exports_match(trained, tmp_path):
     sizes = {}
     for fold in ("true", "false"):
         name = str(tmp_path / f"r18_fold_{fold}")
-        out = check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+        out = succeeded(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
                               "--file_format", "ONNX", "--file_name", name, "--batch_size", "4",
                               "--fold_bn", fold)).stdout
         assert ("20 BatchNorms folded" in out) == (fold == "true")
@@ -122,11 +117,11 @@ def test_eval_of_exported_models_equals_the_checkpoint(trained, tmp_path):
         path = trained["ckpt"]
         if fmt != "CKPT":
             path = str(tmp_path / f"r18_b7_{fmt}")
-            check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+            succeeded(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
                             "--file_format", fmt, "--file_name", path, "--batch_size", "7"))
             path += suffix
         out = str(tmp_path / f"eval_{fmt}")
-        check(run_entry("eval.py", *COMMON, "--checkpoint_path", path, "--data_path",
+        succeeded(run_entry("eval.py", *COMMON, "--checkpoint_path", path, "--data_path",
                         trained["test"], "--batch_size", "7", "--output_dir", out))
         reports[fmt] = json.load(open(os.path.join(out, "eval_result.json")))
     # 30 images = 4 x 7 + 2: the exported models get the last batch zero-padded to 7
@@ -156,7 +151,7 @@ def predictions(stdout):
 
 def test_predict_from_checkpoint_and_mindir(trained, tmp_path):
     folder = os.path.join(trained["test"], "cat")
-    from_ckpt = predictions(check(run_entry(
+    from_ckpt = predictions(succeeded(run_entry(
         "predict.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--image_path", folder,
         "--batch_size", "2")).stdout)
     assert len(from_ckpt) == 3
@@ -170,18 +165,18 @@ def test_predict_from_checkpoint_and_mindir(trained, tmp_path):
     assert [p["top"][0]["class"] for p in from_ckpt] == list(logits.argmax(axis=1))
 
     mindir = str(tmp_path / "r18")
-    check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+    succeeded(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
                     "--file_name", mindir, "--batch_size", "1"))
-    from_mindir = predictions(check(run_entry(
+    from_mindir = predictions(succeeded(run_entry(
         "predict.py", *COMMON, "--checkpoint_path", mindir + ".mindir", "--image_path", folder,
         "--batch_size", "1", "--class_names_path",
         os.path.join(trained["out"], "class_names.txt"))).stdout)
     assert [p["top"][0]["name"] for p in from_mindir] == [p["top"][0]["name"] for p in from_ckpt]
 
     onnx = str(tmp_path / "r18")
-    check(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--file_format",
+    succeeded(run_entry("export.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--file_format",
                     "ONNX", "--file_name", onnx, "--batch_size", "2"))
-    from_onnx = predictions(check(run_entry(
+    from_onnx = predictions(succeeded(run_entry(
         "predict.py", *COMMON, "--checkpoint_path", onnx + ".onnx", "--image_path", folder,
         "--batch_size", "2", "--class_names_path",
         os.path.join(trained["out"], "class_names.txt"))).stdout)
@@ -192,7 +187,7 @@ def test_fine_tune_to_another_class_count(trained, tmp_path):
     five = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"),
                               str(tmp_path / "five"), 4, classes=["bird", "cat", "deer", "dog",
                                                                   "frog"])
-    result = check(run_entry("train.py", *COMMON, "--data_path", five, "--class_num", "5",
+    result = succeeded(run_entry("train.py", *COMMON, "--data_path", five, "--class_num", "5",
                              "--pre_trained", trained["ckpt"], "--batch_size", "10",
                              "--epoch_size", "1", "--output_dir", str(tmp_path / "ft")))
     assert "classifier ['fc.weight', 'fc.bias'] dropped" in result.stdout
@@ -212,7 +207,7 @@ def test_predict_names_imagenet_classes_for_a_1000_class_model(tmp_path):
     ckpt = str(tmp_path / "r18_1000.ckpt")
     ms.save_checkpoint(create_network("resnet18", 1000), ckpt)
     image = os.path.join(IMAGENET_SMALL, "n01440764", "n01440764_tench.JPEG")
-    out = predictions(check(run_entry(
+    out = predictions(succeeded(run_entry(
         "predict.py", "--net_name", "resnet18", "--checkpoint_path", ckpt, "--image_path", image,
         "--batch_size", "1")).stdout)
     names = [line.rstrip("\n").split("\t")[-1] for line in open(
@@ -238,7 +233,7 @@ def test_quick_start_scores_well_above_chance(quick_start, tmp_path):
     (33.0% and 27.5% measured on two): the bound is twice chance (10 classes), which a
     network that learned nothing misses by 4.7 standard deviations on 200 images."""
     out = str(tmp_path / "eval")
-    check(run_entry("eval.py", "--config_path", "configs/quick_start.yaml", "--checkpoint_path",
+    succeeded(run_entry("eval.py", "--config_path", "configs/quick_start.yaml", "--checkpoint_path",
                     quick_start["ckpt"], "--data_path", os.path.join(CIFAR_SAMPLE, "test"),
                     "--output_dir", out))
     report = json.load(open(os.path.join(out, "eval_result.json")))

@@ -17,7 +17,8 @@ from tests.helpers import ROOT, run_entry
 
 # ResNet-18, 64 px, 80 real images, batch 8: 10 steps per epoch, 30 in all, a checkpoint every
 # 3 steps. Two data workers, so the data order must be deterministic across processes.
-ARGS = ["--config_path", "configs/quick_start.yaml", "--image_size", "64", "--eval_resize", "64",
+ARGS = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "64",
+        "--eval_image_size", "64", "--eval_resize", "64",
         "--batch_size", "8", "--epoch_size", "3", "--save_checkpoint_steps", "3",
         "--save_checkpoint_epochs", "1", "--keep_checkpoint_max", "20", "--run_eval", "false",
         "--num_parallel_workers", "2", "--log_interval", "1"]
@@ -29,9 +30,9 @@ def train_cmd(data, out, *extra):
             "--output_dir", out, *extra]
 
 
-def start_and_interrupt(data, out, signum):
+def start_and_interrupt(data, out, signum, *extra):
     """Start training, send ``signum`` as soon as the first checkpoint exists."""
-    proc = subprocess.Popen(train_cmd(data, out), cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(train_cmd(data, out, *extra), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and not checkpoints_in(out):
@@ -47,10 +48,10 @@ def checkpoints_in(out):
             if not n.endswith(".partial.ckpt")]
 
 
-def saved_steps(out):
+def saved_steps(out, steps_per_epoch=10):
     names = checkpoints_in(out)
-    return sorted((int(n.split("-")[-1].split("_")[0]) - 1) * 10 + int(n.split("_")[-1][:-5])
-                  for n in names)
+    return sorted((int(n.split("-")[-1].split("_")[0]) - 1) * steps_per_epoch
+                  + int(n.split("_")[-1][:-5]) for n in names)
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +63,48 @@ def uninterrupted(cifar_small, tmp_path_factory):
     return ms.load_checkpoint(os.path.join(out, FINAL))
 
 
-def assert_same_final_state(out, reference):
-    final = ms.load_checkpoint(os.path.join(out, FINAL))
+def assert_same_final_state(out, reference, final_name=FINAL):
+    final = ms.load_checkpoint(os.path.join(out, final_name))
     assert set(final) == set(reference)
     for name, value in reference.items():
         if name == "run_config":  # the resumed run's config says resume_ckpt: auto
             continue
         np.testing.assert_array_equal(final[name].asnumpy(), value.asnumpy(), err_msg=name)
-    assert any(n.startswith("moments.") for n in reference)  # optimizer state compared too
+    assert any(n.startswith(("moments.", "adam_m.")) for n in reference)  # optimizer state too
+
+
+# TrivialAugment-wide, random erasing, mixup/cutmix, 2 accumulated micro-batches of 8 (so 5
+# optimizer steps per epoch, 15 in all), clipping, AdamW and a weight EMA: every random draw
+# and every piece of state must come back after a kill.
+MODERN = ["--auto_augment", "trivialaugment_wide", "--random_erasing", "0.25",
+          "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--ema_decay", "0.9",
+          "--ema_warmup", "true", "--grad_accumulation_steps", "2", "--grad_clip_norm", "1.0",
+          "--optimizer", "adamw", "--base_lr", "0.002", "--weight_decay", "0.05",
+          "--save_checkpoint_steps", "2"]
+MODERN_FINAL = "resnet18-3_5.ckpt"
+
+
+def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tmp_path):
+    full = str(tmp_path / "full")
+    result = subprocess.run(train_cmd(cifar_small["train"], full, *MODERN), cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    reference = ms.load_checkpoint(os.path.join(full, MODERN_FINAL))
+    for prefix in ("ema.", "ema_updates", "adam_m.", "adam_v."):
+        assert any(n.startswith(prefix) for n in reference), prefix
+    out = str(tmp_path / "killed")
+    code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL, *MODERN)
+    assert code == -signal.SIGKILL
+    done = saved_steps(out, steps_per_epoch=5)
+    assert done and done[-1] < 15, f"the run was not interrupted mid-way: {done}"
+    resumed = subprocess.run(train_cmd(cifar_small["train"], out, *MODERN, "--resume_ckpt",
+                                       "auto"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"{done[-1]} steps done" in resumed.stdout
+    print(f"\n[resume, modern recipe] killed after step {done[-1]} of 15; resumed run ends "
+          f"bit-identical")
+    assert_same_final_state(out, reference, MODERN_FINAL)
 
 
 def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact(cifar_small, uninterrupted, tmp_path):

@@ -24,7 +24,8 @@ from src.resume import agree_across_ranks
 from tests.helpers import ROOT, run_entry
 
 LOG = logging.getLogger("test")
-QUICK = ["--config_path", "configs/quick_start.yaml", "--image_size", "32", "--batch_size", "16",
+QUICK = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "32",
+         "--eval_image_size", "32", "--batch_size", "16",
          "--epoch_size", "1", "--run_eval", "false", "--num_parallel_workers", "2",
          "--log_interval", "1"]
 

@@ -1,0 +1,53 @@
+"""The training ``Model`` of a recipe: ``TrainStep`` (loss, loss scaling, gradient
+accumulation and clipping, optimizer, weight EMA) and the eval network on hard labels.
+
+Used by train.py and by the benchmarks, so both time the same training cell.
+"""
+import mindspore as ms
+import mindspore.nn as nn
+from mindspore.train import Model
+
+from src.loss import CrossEntropySmooth, create_loss
+from src.optimizer import create_optimizer
+from src.precision import loss_scale_setup
+from src.train_step import TrainStep, WeightEma
+
+
+def classification_metrics(class_num):
+    """``Model`` metrics: top-1 and top-5 (top-k with k = min(5, class_num)) on hard labels."""
+    return {"top1": nn.Top1CategoricalAccuracy(),
+            "top5": nn.TopKCategoricalAccuracy(min(5, class_num))}
+
+
+def build_model(cfg, net, lr, amp_level):
+    """The training ``Model`` of ``net`` under the recipe ``cfg``.
+
+    Args:
+        cfg (Config): The resolved config (optimizer, loss, mixing, EMA, clipping,
+            accumulation, loss-scale and label-smoothing keys).
+        net (nn.Cell): The network (fp32 parameters).
+        lr (numpy.ndarray or float): LR per optimizer step (``create_lr``) or a constant.
+        amp_level (str): The resolved AMP level (``src.precision.resolve_amp_level``).
+
+    Returns:
+        tuple: (``Model`` whose ``train_network`` is the ``TrainStep`` and whose eval network
+        gives (loss, logits, label) with top-1/top-5 metrics; the ``WeightEma`` or None).
+    """
+    metrics = classification_metrics(cfg.class_num)
+    net = ms.amp.auto_mixed_precision(net, amp_level)
+    scale_sense, check_overflow, _ = loss_scale_setup(
+        amp_level, cfg.device_target, cfg.loss_scale, cfg.loss_scale_type, cfg.scale_factor,
+        cfg.scale_window)
+    optimizer = create_optimizer(net, lr, optimizer=cfg.optimizer, momentum=cfg.momentum,
+                                 weight_decay=cfg.weight_decay, beta1=cfg.beta1,
+                                 beta2=cfg.beta2, eps=cfg.eps)
+    loss_fn = create_loss(cfg.loss, cfg.label_smoothing, cfg.class_num,
+                          bce_target_threshold=cfg.bce_target_threshold,
+                          soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha))
+    ema = WeightEma(net, cfg.ema_decay, cfg.ema_warmup) if cfg.ema_decay else None
+    train_step = TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense,
+                           check_overflow, cfg.grad_clip_norm, cfg.grad_accumulation_steps, ema)
+    eval_loss = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
+    eval_net = nn.WithEvalCell(net, eval_loss, add_cast_fp32=amp_level in ("O2", "O3"))
+    return Model(train_step, eval_network=eval_net, metrics=metrics,
+                 eval_indexes=[0, 1, 2]), ema

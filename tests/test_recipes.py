@@ -1,0 +1,94 @@
+"""The recipe features end to end, as a user runs them: the ImageNet recipe files train (with
+ResNet-18 at 64 px on the shipped ImageNet JPEGs), and a run with a weight EMA reports live
+and EMA top-1, which eval.py, export.py and predict.py reproduce from its checkpoint."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from src.config import ConfigError, parse_config
+from tests.helpers import IMAGENET_SMALL, ROOT, run_entry, succeeded
+
+SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "64",
+         "--eval_image_size", "64", "--eval_resize", "72", "--batch_size", "4", "--epoch_size",
+         "1", "--warmup_epochs", "0", "--num_parallel_workers", "2", "--log_interval", "1",
+         "--data_path", IMAGENET_SMALL]
+
+
+@pytest.mark.parametrize("recipe, expected", [
+    ("resnet50_rsb_a3.yaml", "optimizer lamb, loss bce"),
+    ("resnet50_torchvision_v2.yaml", "optimizer momentum, loss ce, weight EMA decay 0.99996585"),
+])
+def test_imagenet_recipe_trains(recipe, expected, tmp_path):
+    """Every feature the recipe file turns on runs (here on CPU, small): RandAugment, LAMB,
+    BCE, mixup/cutmix in one; TrivialAugment, erasing, mixup/cutmix, EMA in the other."""
+    result = succeeded(run_entry("train.py", "--config_path", os.path.join("configs", recipe),
+                             *SMALL, "--output_dir", tmp_path))
+    assert expected in result.stdout
+    record = json.loads(open(tmp_path / "metrics.jsonl").readline())
+    assert record["step"] == 6 and np.isfinite(record["loss"])
+
+
+def test_recipe_files_name_their_source_and_figure():
+    for recipe, figure in (("resnet50_torchvision_v2.yaml", "80.858%"),
+                           ("resnet50_rsb_a3.yaml", "78.1%"),
+                           ("resnet50_nvidia_250ep.yaml", "78.4%")):
+        path = os.path.join(ROOT, "configs", recipe)
+        text = open(path, encoding="utf-8").read()
+        assert figure in text and "Source:" in text
+        parse_config(["--config_path", path])
+
+
+def test_the_old_image_size_key_names_its_replacements(tmp_path):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("image_size: 160\n")
+    with pytest.raises(ConfigError, match="train_image_size .* and eval_image_size"):
+        parse_config(["--config_path", str(recipe)])
+
+
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ema")
+    succeeded(run_entry("train.py", "--config_path", "configs/resnet18_cifar10_v2.yaml", *SMALL,
+                    "--eval_data_path", IMAGENET_SMALL, "--run_eval", "true", "--epoch_size",
+                    "2", "--ema_decay", "0.5", "--output_dir", out))
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    return out, records[-1]
+
+
+def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tmp_path):
+    out, last = ema_run
+    assert {"top1", "top5", "ema_top1", "ema_top5"} <= set(last)
+    ckpt = str(out / "resnet18-2_6.ckpt")
+    for use_ema, key in (("true", "ema_top1"), ("false", "top1")):
+        result = succeeded(run_entry("eval.py", "--config_path", "configs/resnet18_cifar10_v2.yaml",
+                                 *SMALL, "--checkpoint_path", ckpt, "--use_ema", use_ema,
+                                 "--output_dir", tmp_path / use_ema))
+        report = json.load(open(tmp_path / use_ema / "eval_result.json"))
+        assert report["top1"] == pytest.approx(last[key], abs=1e-9), (use_ema, last)
+        assert ("its EMA weights" in result.stdout) == (use_ema == "true")
+
+
+def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
+    import onnxruntime as ort
+
+    from src.inference import list_images, load_network, preprocess_images
+    out, _ = ema_run
+    ckpt = str(out / "resnet18-2_6.ckpt")
+    name = str(tmp_path / "net")
+    succeeded(run_entry("export.py", "--config_path", "configs/resnet18_cifar10_v2.yaml", *SMALL,
+                    "--checkpoint_path", ckpt, "--file_format", "ONNX", "--file_name", name))
+    images = preprocess_images(list_images(IMAGENET_SMALL)[:4], 64, 72)
+    session = ort.InferenceSession(name + ".onnx", providers=["CPUExecutionProvider"])
+    exported = session.run(None, {"image": images})[0]
+    import mindspore as ms
+    ema = load_network("resnet18", 26, ckpt, use_ema=True)(ms.Tensor(images)).asnumpy()
+    live = load_network("resnet18", 26, ckpt, use_ema=False)(ms.Tensor(images)).asnumpy()
+    np.testing.assert_allclose(exported, ema, rtol=1e-4, atol=1e-4)
+    assert np.abs(exported - live).max() > 1e-3  # the two weight sets differ
+    result = succeeded(run_entry("predict.py", "--config_path", "configs/resnet18_cifar10_v2.yaml",
+                             *SMALL, "--checkpoint_path", ckpt, "--image_path",
+                             list_images(IMAGENET_SMALL)[0]))
+    assert "its EMA weights" in result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["image"]
