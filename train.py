@@ -244,10 +244,12 @@ def main(argv=None):
         with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
             f.write(cfg.to_yaml())
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
-    log.info("global batch %d (%d per device x %d accumulated x %d devices): effective peak "
-             "LR %.6g (base_lr %g per %d images); %d optimizer steps per epoch, %d in all",
-             global_batch, cfg.batch_size, cfg.grad_accumulation_steps, device_num, peak_lr,
-             cfg.base_lr, cfg.base_lr_batch_size, steps_per_epoch, len(lr))
+    accumulated = cfg.grad_accumulation_steps
+    log.info("global batch %d (%d per device x %d devices%s): effective peak LR %.6g (base_lr "
+             "%g per %d images); %d optimizer steps per epoch, %d in all", global_batch,
+             cfg.batch_size, device_num, f" x {accumulated} accumulated micro-batches"
+             if accumulated > 1 else "", peak_lr, cfg.base_lr, cfg.base_lr_batch_size,
+             steps_per_epoch, len(lr))
     log.info("amp_level %s, loss scale %s, device %s; optimizer %s, loss %s%s", amp_level,
              f"{resolve_loss_scale_type(cfg.loss_scale_type, cfg.device_target)} "
              f"{cfg.loss_scale}" if amp_level != "O0" else "none", cfg.device_target,
