@@ -7,9 +7,10 @@ Reads top to bottom: config -> signals -> device -> dataset -> network -> LR -> 
 optimizer, TrainStep, EMA) -> resume -> output folder -> callbacks -> model.train per epoch.
 Outputs in --output_dir: checkpoints, metrics.jsonl (one JSON line per epoch), config.yaml
 (the resolved config), class_names.txt, train.log. A fresh run refuses a folder holding
-another run's files (--resume_ckpt auto continues it; --overwrite true moves them aside). Each epoch's data
-pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt sees the same data
-as an uninterrupted one. SIGINT/SIGTERM save and stop; a second Ctrl-C exits at once.
+another run's files (--resume_ckpt auto continues it; --overwrite true moves them aside).
+Each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt
+sees the same data as an uninterrupted one. SIGINT/SIGTERM save and stop; a second Ctrl-C
+exits at once.
 Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, or more than
 max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint could
 not be written (disk full, permission), 128 + signal number when stopped by SIGINT/SIGTERM.
