@@ -15,8 +15,8 @@ import time
 import numpy as np
 from mindspore.train import Callback
 
-from src.checkpoint import (CONFIG_KEY, EMA_PREFIX, STEP_KEY, atomic_save_checkpoint,
-                            checkpoint_name, prune)
+from src.checkpoint import (CONFIG_KEY, STEP_KEY, atomic_save_checkpoint, checkpoint_name,
+                            prune)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class BestCheckpointEvaluator:
         "ema_top5"], "best_top1"}."""
         result = self.evaluate(self.model)
         if self.ema is not None:
-            averages = {p.name[len(EMA_PREFIX):]: p for p in self.ema.averages}
+            averages = self.ema.by_network_name()
             for param in self.ema_model.predict_network.get_parameters():
                 param.set_data(averages[param.name].value())
             result.update(self.evaluate(self.ema_model, "ema_"))

@@ -49,6 +49,10 @@ class WeightEma(nn.Cell):
         self.warmup = warmup
         self.hyper_map = ops.HyperMap()
 
+    def by_network_name(self):
+        """The averages keyed by the network's parameter names (``ema.`` prefix dropped)."""
+        return {p.name[len(EMA_PREFIX):]: p for p in self.averages}
+
     def current_decay(self):
         """The decay of the coming update (float32 scalar Tensor)."""
         count = self.updates.value()
