@@ -34,6 +34,7 @@ from src.device import setup_device
 from src.inference import load_network
 from src.logger import get_logger
 from src.quantize import check_quantize_config, export_int8, select_calibration_images
+from src.resnet import use_exportable_max_pool
 
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
 
@@ -44,8 +45,10 @@ SECTIONS = ("network", "data", "device", "model file", "export")
 def export_model(net, dummy, file_name, file_format):
     """Write ``net`` traced on ``dummy``. ONNX goes through ``mindspore.onnx.export`` (the
     successor of ``export(file_format='ONNX')``) with the graph's input named ``image`` and its
-    output ``logits``."""
+    output ``logits``, after giving ``net`` the max pool the exporter accepts (in place, same
+    output: ``src.resnet.use_exportable_max_pool``)."""
     if file_format == "ONNX":
+        use_exportable_max_pool(net)
         ms.onnx.export(net, dummy, file_name=file_name, input_names=["image"],
                        output_names=["logits"])
     else:

@@ -4,10 +4,14 @@ Importing this module has one side effect: it calls ``set_cpu_fast_path()``, whi
 ``ONEDNN_MAX_CPU_ISA=AVX2`` unless the variable is already set. The entry points import it
 first, before anything imports MindSpore (``import src.env``).
 
-MindSpore 2.10's oneDNN build picks a reference (very slow) kernel for NCHW convolutions on
-AVX-512 CPUs; capping oneDNN at AVX2 selects the JIT kernels (ResNet-50 training measured
-0.18 -> 6.4 img/s at batch 32, 224 px). ``benchmarks/cpu_benchmark.py`` measures it (run it
-with ``ONEDNN_MAX_CPU_ISA=ALL`` set).
+MindSpore 2.10's oneDNN (3.10) runs its NCHW 3x3 and 7x7 convolutions in the reference
+kernel (``jit_uni_ncsp:conv+ref:any``) at every AVX-512 level: AVX512_CORE,
+AVX512_CORE_VNNI and AVX512_CORE_BF16 alike (AVX512_CORE_AMX resolves to BF16 on a CPU
+without AMX). Measured on an AVX-512 CPU with VNNI and BF16, ResNet-50 at batch 4, 224 px:
+29-30x slower training and 53-54x slower inference than under AVX2, where every convolution
+takes oneDNN's JIT GEMM kernel (``benchmarks/onednn_breakdown.py --isa_levels ...``,
+results in ``benchmarks/results/onednn_breakdown/``). So AVX2 is the cap on every CPU; on a
+CPU without AVX-512 it changes nothing.
 """
 import os
 

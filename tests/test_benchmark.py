@@ -51,7 +51,49 @@ def test_onednn_breakdown_reports_convolution_time():
     rows = [line for line in result.stdout.splitlines() if line.startswith("| convolution")]
     passes = {row.split(" | ")[2] for row in rows}
     assert passes == {"forward_training", "backward_data", "backward_weights"}, rows
-    assert "MindSpore's own kernels and runtime" in result.stdout
+    assert "not oneDNN: the framework's own kernels and runtime" in result.stdout
+
+
+def summary_rows(stdout):
+    """{(case, ISA column): cells} of the breakdown's summary table."""
+    table = stdout[stdout.index("| case |"):]
+    return {tuple(line.split(" | ")[:2]): line.split(" | ")
+            for line in table.splitlines()[2:] if line.startswith("| ")}
+
+
+def cpu_has_avx512():
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        return "avx512f" in f.read()
+
+
+def test_onednn_breakdown_compares_ours_with_pytorch_per_part():
+    """The PyTorch reference runs with oneDNN's own ISA choice (not our AVX2 cap), and the
+    summary splits each step into convolution passes and the rest."""
+    result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
+                       "--batch_size", "2", "--image_size", "32", "--cases",
+                       "ms_train_step,torch_train_nchw", "--steps", "2")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "torch_train_nchw, resnet18, batch 2, 32 px: one step" in result.stdout
+    rows = summary_rows(result.stdout)
+    ours = rows[("| ms_train_step", "AVX2 (Intel AVX2)")]
+    widest = "AVX-512" if cpu_has_avx512() else "AVX2"
+    torch_row = next(cells for (case, isa), cells in rows.items()
+                     if case == "| torch_train_nchw" and isa.startswith("oneDNN's own"))
+    assert widest in torch_row[1], torch_row
+    for cells in (ours, torch_row):  # conv forward and weight gradients measured in each
+        assert float(cells[4]) > 0 and float(cells[6]) > 0, cells
+
+
+def test_onednn_breakdown_runs_each_isa_level():
+    result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
+                       "--batch_size", "2", "--image_size", "32", "--cases", "ms_infer",
+                       "--isa_levels", "AVX2,AVX512_CORE")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = summary_rows(result.stdout)
+    assert ("| ms_infer", "AVX2 (Intel AVX2)") in rows, rows
+    # a level above the CPU's widest ISA resolves to the widest
+    in_force = next(isa for case, isa in rows if isa.startswith("AVX512_CORE"))
+    assert ("AVX-512" in in_force) == cpu_has_avx512(), in_force
 
 
 def test_update_readme_replaces_only_the_marked_block(tmp_path):

@@ -3,7 +3,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from src.resnet import NETWORKS, Bottleneck, batch_norm, create_network
+from src.resnet import (NETWORKS, Bottleneck, MaxPoolPad1, batch_norm, create_network,
+                        use_exportable_max_pool)
 
 # torchvision's parameter counts (trainable) at 1000 classes.
 TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
@@ -92,15 +93,46 @@ def test_init_as_torchvision():
     assert np.abs(fc).max() <= 1 / np.sqrt(2048)
 
 
-def test_maxpool_equals_torch_padding_semantics():
-    # zero padding + valid pooling == -inf padding on non-negative input (after ReLU)
+def torch_max_pool(x):
+    """torch.nn.functional.max_pool2d(x, 3, 2, 1) and the gradient of sum(y^2) by x."""
+    import torch
+    tx = torch.from_numpy(x).requires_grad_(True)
+    y = torch.nn.functional.max_pool2d(tx, 3, 2, 1)
+    (y * y).sum().backward()
+    return y.detach().numpy(), tx.grad.numpy()
+
+
+def max_pool_grad(pool, x):
+    """Gradient of sum(pool(x)^2) by x, in MindSpore."""
+    return ms.grad(lambda t: (pool(t) * pool(t)).sum())(ms.Tensor(x)).asnumpy()
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_maxpool_equals_torch_forward_and_gradient(relu):
+    """The network's stem pool is torch's MaxPool2d(3, 2, padding=1): -inf padding (exact
+    on negative input too, where zero padding is not) and the gradient to the maximum (also
+    with the ties of a ReLU's zeros)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
+    if relu:
+        x = np.maximum(x, 0)
+    pool = create_network("resnet18").maxpool
+    ref, ref_grad = torch_max_pool(x)
+    np.testing.assert_array_equal(pool(ms.Tensor(x)).asnumpy(), ref)
+    np.testing.assert_array_equal(max_pool_grad(pool, x), ref_grad)
+
+
+def test_exportable_maxpool_gives_the_same_network_output():
+    # zero padding + valid pooling == -inf padding on the non-negative input after the ReLU
+    net = create_network("resnet18", class_num=10)
+    net.set_train(False)
+    x = ms.Tensor(np.random.default_rng(1).standard_normal((2, 3, 64, 64)), ms.float32)
+    before = net(x).asnumpy()
+    assert isinstance(use_exportable_max_pool(net).maxpool, MaxPoolPad1)
+    np.testing.assert_array_equal(net(x).asnumpy(), before)
     rng = np.random.default_rng(0)
     x = np.maximum(rng.standard_normal((1, 2, 9, 9)), 0).astype(np.float32)
-    ours = create_network("resnet18").maxpool(ms.Tensor(x)).asnumpy()
-    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
-    ref = np.array([[[[padded[n, c, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max()
-                       for j in range(5)] for i in range(5)] for c in range(2)] for n in range(1)])
-    np.testing.assert_array_equal(ours, ref)
+    np.testing.assert_array_equal(MaxPoolPad1()(ms.Tensor(x)).asnumpy(), torch_max_pool(x)[0])
 
 
 def test_unknown_name_lists_valid_names():
