@@ -526,19 +526,43 @@ def markdown(args, results, limits, environment):
     return "\n".join(lines) + "\n"
 
 
+# widest first: (flags that must all be present, name)
+ISA_LEVELS = ((("amx_tile",), "AMX"), (("avx512f", "avx512_vnni", "avx512_bf16"),
+                                       "AVX-512 with VNNI and BF16"),
+              (("avx512f", "avx512_vnni"), "AVX-512 with VNNI"), (("avx512f",), "AVX-512"),
+              (("avx2",), "AVX2"))
+
+
+def describe_cpu(cpuinfo):
+    """Model name, family/model numbers and widest vector ISA from ``/proc/cpuinfo`` text.
+
+    Returns:
+        str: e.g. "AMD EPYC (family 26, model 2; widest ISA AVX-512 with VNNI and BF16)";
+        the fields that are missing are left out.
+    """
+    def field(name):
+        match = re.search(rf"^{name}\s*:\s*(.*)$", cpuinfo, re.M)
+        return match.group(1).strip() if match else None
+    flags = set((field("flags") or "").split())
+    widest = next((name for needed, name in ISA_LEVELS if flags.issuperset(needed)),
+                  "below AVX2")
+    ids = (f"family {field('cpu family')}, model {field('model')}; "
+           if field("cpu family") and field("model") else "")
+    return f"{field('model name') or platform.machine()} ({ids}widest ISA {widest})"
+
+
 def environment_info():
-    """Versions and CPU model for the table's heading."""
+    """Versions and CPU (model, family/model numbers, widest ISA) for the table's heading."""
     def version(package):
         try:
             return metadata.version(package)
         except metadata.PackageNotFoundError:
             return "not installed"
-    cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = re.search(r"model name\s*:\s*(.*)", f.read()).group(1).strip()
-    except (OSError, AttributeError):
-        pass
+            cpu = describe_cpu(f.read())
+    except OSError:
+        cpu = platform.processor() or platform.machine()
     return {"cpu": cpu, "python": platform.python_version(),
             "mindspore_onednn_isa": os.environ.get(ISA_VAR, "AVX2"),
             "mindspore": version("mindspore"), "torch": version("torch"),

@@ -184,8 +184,8 @@ def summary_row(args, case, isa, result):
 
 def main():
     args = parse_args()
+    sys.path.insert(0, HERE)
     if args.worker:
-        sys.path.insert(0, HERE)
         worker(args)
         return 0
     levels = [level for level in args.isa_levels.split(",") if level] or [None]
@@ -203,8 +203,11 @@ def main():
             rows.append(summary_row(args, case, shown, result))
             sys.stdout.flush()
     if len(rows) > 1:
-        print(f"{args.net_name}, batch {args.batch_size}, {args.image_size} px, ms per step "
-              f"(mean of {args.steps} after {args.warmup_steps} warmup)\n\n| case | {ISA_VAR} (isa in force) | step | img/s | "
+        import cpu_benchmark
+        print(f"{args.net_name}, batch {args.batch_size}, {args.image_size} px, "
+              f"{cpu_benchmark.environment_info()['cpu']}, ms per step "
+              f"(mean of {args.steps} after {args.warmup_steps} warmup)\n\n"
+              f"| case | {ISA_VAR} (isa in force) | step | img/s | "
               + " | ".join(header for header, _, _ in PARTS)
               + " | other oneDNN | not oneDNN | in ref kernels |\n"
               + "|---" * (len(PARTS) + 7) + "|")

@@ -37,6 +37,7 @@ def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path
     assert rows["ours: ONNX (BN folded) in ONNX Runtime"].count("x |") == 1
     assert "x |" not in rows["PyTorch NCHW"]
     assert "Data pipeline alone:" in table and "fp32 limit" in table
+    assert "widest ISA" in table.splitlines()[0]  # the ratios to PyTorch depend on it
     # a saved run is reported again, identically, without measuring
     again = run_entry("benchmarks/cpu_benchmark.py", "--from_json",
                       tmp_path / "cpu_benchmark.json", "--output_dir", tmp_path / "again")
@@ -94,6 +95,30 @@ def test_onednn_breakdown_runs_each_isa_level():
     # a level above the CPU's widest ISA resolves to the widest
     in_force = next(isa for case, isa in rows if isa.startswith("AVX512_CORE"))
     assert ("AVX-512" in in_force) == cpu_has_avx512(), in_force
+
+
+ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx fma avx2 bmi2 sha_ni
+"""
+ZEN5_FLAGS = "fpu avx2 avx512f avx512dq avx_vnni avx512_bf16 avx512_vnni avx512_vp2intersect"
+
+
+def test_describe_cpu_names_model_numbers_and_widest_isa():
+    assert cpu_benchmark.describe_cpu(ZEN3) == (
+        "AMD EPYC 7B13 (family 25, model 1; widest ISA AVX2)")
+    zen5 = ZEN3.replace("25", "26").replace("model\t\t: 1", "model\t\t: 2").replace(
+        "7B13", "9B45").replace("fpu sse2 avx fma avx2 bmi2 sha_ni", ZEN5_FLAGS)
+    assert cpu_benchmark.describe_cpu(zen5) == (
+        "AMD EPYC 9B45 (family 26, model 2; widest ISA AVX-512 with VNNI and BF16)")
+    amx = zen5.replace("avx512_vp2intersect", "amx_tile amx_bf16")
+    assert cpu_benchmark.describe_cpu(amx).endswith("widest ISA AMX)")
+    assert cpu_benchmark.describe_cpu(ZEN3.replace("avx2 ", "")).endswith("widest ISA below AVX2)")
+    no_ids = "model name\t: Some CPU\nflags\t\t: avx2 avx512f\n"
+    assert cpu_benchmark.describe_cpu(no_ids) == "Some CPU (widest ISA AVX-512)"
 
 
 def test_update_readme_replaces_only_the_marked_block(tmp_path):
