@@ -24,7 +24,6 @@ import os
 
 import mindspore as ms
 import mindspore.dataset as ds
-from mindspore.train import Model
 
 from src.callbacks import (BestCheckpointEvaluator, CheckpointSaver, StepState, StopSignals,
                            TrainMonitor, loss_value)
@@ -36,7 +35,6 @@ from src.dataset import class_names_of, create_dataset
 from src.device import all_gather_int, check_fusion_config, init_distributed, setup_device
 from src.image_check import readable_pipeline_errors
 from src.logger import get_logger
-from src.loss import CrossEntropySmooth
 from src.lr_schedule import LR_KEYS, create_lr
 from src.mixing import BatchMixer
 from src.output_dir import prepare_output_dir
@@ -46,7 +44,7 @@ from src.profiler import ProfileSteps, parse_profile_steps
 from src.resume import (NOT_REQUIRED, agree_across_ranks, check_same_recipe, epoch_seed,
                         find_resume_checkpoint, restore_training_state)
 from src.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
-from src.train_model import build_model, classification_metrics
+from src.train_model import build_model, eval_model
 
 SECTIONS = ("network", "data", "training data", "optimization", "device",
             "precision, distribution", "outputs", "performance", "training checkpoints")
@@ -118,18 +116,25 @@ def epoch_dataset(cfg, epoch, skip_steps, train_args, shards):
 
 def resolve_sink_size(cfg, steps_per_epoch):
     """Steps per dataset-sink call, 0 for step-by-step training: ``dataset_sink_mode`` auto is
-    sink mode on GPU/Ascend; ``sink_size`` 0 is one epoch.
+    sink mode on GPU/Ascend in graph mode; ``sink_size`` 0 is one epoch.
 
     Raises:
         ConfigError: For ``dataset_sink_mode true`` on CPU: MindSpore 2.10's ``Model.train``
             runs no sink mode there (it logs that and trains step by step, each "epoch" a
-            whole pass of the data), so the sink calls would not be what they claim.
+            whole pass of the data), so the sink calls would not be what they claim. Also in
+            PyNative mode, where ``Model.train`` calls the step callbacks once per step even
+            in sink mode, so a callback would not end ``sink_size`` steps.
     """
     if cfg.dataset_sink_mode == "true" and cfg.device_target == "CPU":
         raise ConfigError("dataset_sink_mode true: MindSpore has no dataset sink mode on CPU "
                           "(Model.train falls back to step by step); use false or auto")
+    if cfg.dataset_sink_mode == "true" and cfg.mode != "GRAPH":
+        raise ConfigError(f"dataset_sink_mode true needs mode GRAPH (got {cfg.mode}): in "
+                          f"PyNative mode Model.train runs sink mode step by step; use false "
+                          f"or auto")
     sink = cfg.dataset_sink_mode == "true" or (cfg.dataset_sink_mode == "auto"
-                                               and cfg.device_target != "CPU")
+                                               and cfg.device_target != "CPU"
+                                               and cfg.mode == "GRAPH")
     return (cfg.sink_size or steps_per_epoch) if sink else 0
 
 
@@ -152,8 +157,7 @@ def build_evaluator(cfg, model, net, ema, eval_set, amp_level):
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
             create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual), amp_level)
-        ema_model = Model(ema_net, CrossEntropySmooth(cfg.label_smoothing, cfg.class_num),
-                          metrics=classification_metrics(cfg.class_num))
+        ema_model = eval_model(cfg, ema_net, amp_level)
     return BestCheckpointEvaluator(model, eval_set, os.path.join(
         cfg.output_dir, f"{cfg.net_name}-best.ckpt"), net, ema, ema_model, cfg.best_on_ema)
 

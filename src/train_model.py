@@ -47,7 +47,32 @@ def build_model(cfg, net, lr, amp_level):
     ema = WeightEma(net, cfg.ema_decay, cfg.ema_warmup) if cfg.ema_decay else None
     train_step = TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense,
                            check_overflow, cfg.grad_clip_norm, cfg.grad_accumulation_steps, ema)
-    eval_loss = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
-    eval_net = nn.WithEvalCell(net, eval_loss, add_cast_fp32=amp_level in ("O2", "O3"))
-    return Model(train_step, eval_network=eval_net, metrics=metrics,
+    return Model(train_step, eval_network=eval_network(cfg, net, amp_level), metrics=metrics,
                  eval_indexes=[0, 1, 2]), ema
+
+
+def eval_network(cfg, net, amp_level):
+    """``net`` (already cast by ``auto_mixed_precision``) in the evaluation cell: (loss,
+    logits, label), the logits cast to float32 under O2/O3 as MindSpore's ``Model`` does.
+
+    Returns:
+        nn.WithEvalCell: For ``Model(..., eval_network=..., eval_indexes=[0, 1, 2])``.
+    """
+    eval_loss = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
+    return nn.WithEvalCell(net, eval_loss, add_cast_fp32=amp_level in ("O2", "O3"))
+
+
+def eval_model(cfg, net, amp_level):
+    """A ``Model`` that only evaluates ``net`` (e.g. the EMA weights' network), measured as
+    ``build_model``'s evaluation of the live network: same cell, same top-1/top-5 metrics.
+
+    Args:
+        cfg (Config): The resolved config (label_smoothing, class_num).
+        net (nn.Cell): The network, already cast by ``auto_mixed_precision``.
+        amp_level (str): The resolved AMP level.
+
+    Returns:
+        Model: Its ``eval`` gives {"top1", "top5", "loss"}.
+    """
+    return Model(net, eval_network=eval_network(cfg, net, amp_level),
+                 metrics=classification_metrics(cfg.class_num), eval_indexes=[0, 1, 2])

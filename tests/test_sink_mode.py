@@ -34,6 +34,11 @@ def test_sink_size_per_device_and_setting():
     assert resolve_sink_size(cfg, 100) == 0
     with pytest.raises(ConfigError, match="no dataset sink mode on CPU"):
         resolve_sink_size(parse_config(["--dataset_sink_mode", "true"]), 100)
+    # PyNative: Model.train calls the step callbacks once per step even in sink mode
+    pynative = ["--device_target", "GPU", "--mode", "PYNATIVE"]
+    assert resolve_sink_size(parse_config(pynative), 100) == 0
+    with pytest.raises(ConfigError, match="needs mode GRAPH"):
+        resolve_sink_size(parse_config(pynative + ["--dataset_sink_mode", "true"]), 100)
 
 
 def test_mindspore_has_no_sink_mode_on_cpu():
