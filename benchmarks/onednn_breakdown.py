@@ -30,8 +30,10 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import cpu_benchmark  # noqa: E402  (standard library only at import)
+from cpu_benchmark import ISA_VAR  # noqa: E402
 START, END = "BREAKDOWN-START", "BREAKDOWN-END"
-ISA_VAR = "ONEDNN_MAX_CPU_ISA"
 CASES = ("ms_train_step", "ms_infer", "torch_train_nchw", "torch_train_channels_last",
          "torch_infer_nchw", "torch_infer_channels_last")
 
@@ -63,7 +65,6 @@ def parse_args():
 
 def infer_step(bench_args):
     """Forward pass of a new network (random weights) in graph mode, as eval.py runs it."""
-    import cpu_benchmark
     ms = cpu_benchmark.ms_setup()
     from src.resnet import create_network
     net = create_network(bench_args.net_name, bench_args.class_num)
@@ -72,16 +73,19 @@ def infer_step(bench_args):
     return lambda: net(images).asnumpy()
 
 
+def takes_our_cap(name):
+    """Whether the case runs under our entry points' oneDNN cap (cpu_benchmark's flag)."""
+    return name == "ms_infer" or cpu_benchmark.CASES[name][3]
+
+
 def case_builder(name):
     """The step builder of a case (cpu_benchmark's, or ``infer_step``)."""
-    import cpu_benchmark
     return infer_step if name == "ms_infer" else cpu_benchmark.CASES[name][2]
 
 
 def worker(args):
     """In the child: warm up, then time one step between two marker lines."""
     import time
-    import cpu_benchmark
     bench_args = cpu_benchmark.parse_args(["--net_name", args.net_name, "--batch_size",
                                            str(args.batch_size), "--image_size",
                                            str(args.image_size)])
@@ -127,7 +131,7 @@ def measure(args, case, isa):
     env = dict(os.environ, ONEDNN_VERBOSE="1")
     if isa:
         env[ISA_VAR] = isa
-    elif case.startswith("torch_"):
+    elif not takes_our_cap(case):
         env.pop(ISA_VAR, None)  # PyTorch's oneDNN picks its own ISA
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", case]
     for key in ("net_name", "batch_size", "image_size", "warmup_steps", "steps"):
@@ -184,7 +188,6 @@ def summary_row(args, case, isa, result):
 
 def main():
     args = parse_args()
-    sys.path.insert(0, HERE)
     if args.worker:
         worker(args)
         return 0
@@ -192,8 +195,8 @@ def main():
     rows, failed = [], False
     for case in args.case_names:
         for level in levels:
-            shown = level or ("oneDNN's own" if case.startswith("torch_")
-                              else os.environ.get(ISA_VAR, "AVX2"))
+            shown = level or (os.environ.get(ISA_VAR, "AVX2") if takes_our_cap(case)
+                              else "oneDNN's own")
             result = measure(args, case, level)
             if isinstance(result, str):
                 print(f"{case}, {ISA_VAR}={shown}: {result}")
@@ -203,7 +206,6 @@ def main():
             rows.append(summary_row(args, case, shown, result))
             sys.stdout.flush()
     if len(rows) > 1:
-        import cpu_benchmark
         print(f"{args.net_name}, batch {args.batch_size}, {args.image_size} px, "
               f"{cpu_benchmark.environment_info()['cpu']}, ms per step "
               f"(mean of {args.steps} after {args.warmup_steps} warmup)\n\n"

@@ -43,6 +43,13 @@ def step_status(net_outputs):
     return ("ok" if math.isfinite(loss) else "nonfinite"), loss
 
 
+def passed_multiple(step, done, interval):
+    """Whether the last ``done`` steps, ending at ``step``, reached or passed a multiple of
+    ``interval`` (one step at a time: ``step`` is a multiple; in sink mode: a call of
+    ``done`` steps went past one)."""
+    return step // interval > (step - done) // interval
+
+
 class BestCheckpointEvaluator:
     """Evaluate the network being trained (and its weight EMA) on a dataset and keep the
     checkpoint with the best top-1.
@@ -223,9 +230,8 @@ class TrainMonitor(Callback):
             return
         self.epoch_losses.append(state.loss)
         step_in_epoch = (state.global_step - 1) % self.steps_per_epoch + 1
-        crossed = step_in_epoch // self.log_interval > (step_in_epoch - calls_steps) // \
-            self.log_interval
-        if not crossed and step_in_epoch != self.steps_per_epoch:
+        if (not passed_multiple(step_in_epoch, calls_steps, self.log_interval)
+                and step_in_epoch != self.steps_per_epoch):
             return
         now = time.time()
         img_per_s = self.window_steps * self.global_batch_size / max(now - self.window_start,
@@ -373,7 +379,7 @@ class CheckpointSaver(Callback):
         if self.stop.received:
             self.save(run_context)
             run_context.request_stop()
-        elif self.save_steps and step // self.save_steps > (step - done) // self.save_steps:
+        elif self.save_steps and passed_multiple(step, done, self.save_steps):
             self.save(run_context)  # in sink mode: the first sink end at or past a multiple
 
     def on_train_epoch_end(self, run_context):

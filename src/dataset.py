@@ -270,18 +270,8 @@ def trivial_augment_wide_space(num_bins=MAGNITUDE_BINS):
     Returns:
         dict: name -> (numpy.ndarray of ``num_bins`` magnitudes or None, bool signed).
     """
-    enhance = np.linspace(0.0, 0.99, num_bins)
-    return {"Identity": (None, False),
-            "ShearX": (np.linspace(0.0, 0.99, num_bins), True),
-            "ShearY": (np.linspace(0.0, 0.99, num_bins), True),
-            "TranslateX": (np.linspace(0.0, 32.0, num_bins), True),
-            "TranslateY": (np.linspace(0.0, 32.0, num_bins), True),
-            "Rotate": (np.linspace(0.0, 135.0, num_bins), True),
-            "Brightness": (enhance, True), "Color": (enhance, True),
-            "Contrast": (enhance, True), "Sharpness": (enhance, True),
-            "Posterize": (_posterize_bits(num_bins, 6), False),
-            "Solarize": (np.linspace(255.0, 0.0, num_bins), False),
-            "AutoContrast": (None, False), "Equalize": (None, False)}
+    return _augment_space(num_bins, shear=0.99, shift=32.0, rotate=135.0, enhance=0.99,
+                          posterize_drop=6)
 
 
 def rand_augment_space(image_size, num_bins=MAGNITUDE_BINS):
@@ -291,16 +281,22 @@ def rand_augment_space(image_size, num_bins=MAGNITUDE_BINS):
     Returns:
         dict: name -> (numpy.ndarray of ``num_bins`` magnitudes or None, bool signed).
     """
-    enhance = np.linspace(0.0, 0.9, num_bins)
-    shift = np.linspace(0.0, 150.0 / 331.0 * image_size, num_bins)
+    return _augment_space(num_bins, shear=0.3, shift=150.0 / 331.0 * image_size, rotate=30.0,
+                          enhance=0.9, posterize_drop=4)
+
+
+def _augment_space(num_bins, shear, shift, rotate, enhance, posterize_drop):
+    """The op table both spaces share: each magnitude linear from 0 to its maximum over the
+    bins (Solarize from 255 down to 0), Posterize from 8 bits down to 8 - ``posterize_drop``."""
+    def ramp(top):
+        return np.linspace(0.0, top, num_bins)
     return {"Identity": (None, False),
-            "ShearX": (np.linspace(0.0, 0.3, num_bins), True),
-            "ShearY": (np.linspace(0.0, 0.3, num_bins), True),
-            "TranslateX": (shift, True), "TranslateY": (shift, True),
-            "Rotate": (np.linspace(0.0, 30.0, num_bins), True),
-            "Brightness": (enhance, True), "Color": (enhance, True),
-            "Contrast": (enhance, True), "Sharpness": (enhance, True),
-            "Posterize": (_posterize_bits(num_bins, 4), False),
+            "ShearX": (ramp(shear), True), "ShearY": (ramp(shear), True),
+            "TranslateX": (ramp(shift), True), "TranslateY": (ramp(shift), True),
+            "Rotate": (ramp(rotate), True),
+            "Brightness": (ramp(enhance), True), "Color": (ramp(enhance), True),
+            "Contrast": (ramp(enhance), True), "Sharpness": (ramp(enhance), True),
+            "Posterize": (_posterize_bits(num_bins, posterize_drop), False),
             "Solarize": (np.linspace(255.0, 0.0, num_bins), False),
             "AutoContrast": (None, False), "Equalize": (None, False)}
 

@@ -176,8 +176,8 @@ class BatchMixer:
         Returns:
             tuple(numpy.ndarray, numpy.ndarray): As the outputs of the class.
         """
-        x = np.array(np.stack(images) if isinstance(images, (list, tuple)) else images,
-                     dtype=np.float32, copy=True)
+        x = np.asarray(np.stack(images) if isinstance(images, (list, tuple)) else images,
+                       dtype=np.float32)
         y = np.asarray(np.stack(labels) if isinstance(labels, (list, tuple)) else labels)
         y = y.reshape(-1).astype(np.int64)
         if x.ndim != 4:
@@ -192,11 +192,12 @@ class BatchMixer:
         if lam != 1.0:
             if use_cutmix:
                 (y0, y1, x0, x1), lam = self._box(rng, lam, x.shape[-2], x.shape[-1])
+                x = x.copy()  # pasted in place; the caller's array stays as it was
                 x[:, :, y0:y1, x0:x1] = x[::-1, :, y0:y1, x0:x1].copy()
             else:
                 x = x * np.float32(lam) + x[::-1] * np.float32(1.0 - lam)
-        target = lam * smooth_one_hot(y, self.class_num, self.label_smoothing) \
-            + (1.0 - lam) * smooth_one_hot(y[::-1], self.class_num, self.label_smoothing)
+        one_hot = smooth_one_hot(y, self.class_num, self.label_smoothing)
+        target = lam * one_hot + (1.0 - lam) * one_hot[::-1]
         return np.ascontiguousarray(x, dtype=np.float32), target.astype(np.float32)
 
     @staticmethod

@@ -81,6 +81,14 @@ def numpy_bce_with_logits(logits, target):
     return float(np.mean(-(t * -np.logaddexp(0.0, -x) + (1.0 - t) * -np.logaddexp(0.0, x))))
 
 
+def assert_bce_equals_references(ours, logits, target):
+    """``ours`` = the BCE definition (numpy) and torch.nn.BCEWithLogitsLoss on float targets."""
+    torch_ref = float(torch.nn.BCEWithLogitsLoss()(torch.from_numpy(logits),
+                                                   torch.from_numpy(target.astype(np.float32))))
+    assert ours == pytest.approx(numpy_bce_with_logits(logits, target), rel=1e-6)
+    assert ours == pytest.approx(torch_ref, rel=1e-6)
+
+
 def soft_targets(n, k, seed):
     rng = np.random.default_rng(seed)
     return rng.dirichlet(np.full(k, 0.3), n).astype(np.float32)
@@ -128,10 +136,7 @@ def test_bce_hard_labels_with_smoothing(eps, graph):
     labels = rng.integers(0, 10, 12).astype(np.int32)
     ours = float(run(BinaryCrossEntropy(eps, 10), logits, labels, graph))
     target = smoothed_onehot(labels, 10, eps)  # off eps/K, on 1 - eps + eps/K
-    torch_ref = float(torch.nn.BCEWithLogitsLoss()(torch.from_numpy(logits),
-                                                   torch.from_numpy(target)))
-    assert ours == pytest.approx(numpy_bce_with_logits(logits, target), rel=1e-6)
-    assert ours == pytest.approx(torch_ref, rel=1e-6)
+    assert_bce_equals_references(ours, logits, target)
 
 
 @pytest.mark.parametrize("graph", [False, True])
@@ -141,10 +146,7 @@ def test_bce_soft_targets_are_used_as_given(graph):
     target = soft_targets(12, 10, 9)
     # smoothing must not be applied again to soft targets
     ours = float(run(BinaryCrossEntropy(0.3, 10, soft_targets=True), logits, target, graph))
-    torch_ref = float(torch.nn.BCEWithLogitsLoss()(torch.from_numpy(logits),
-                                                   torch.from_numpy(target)))
-    assert ours == pytest.approx(numpy_bce_with_logits(logits, target), rel=1e-6)
-    assert ours == pytest.approx(torch_ref, rel=1e-6)
+    assert_bce_equals_references(ours, logits, target)
 
 
 @pytest.mark.parametrize("graph", [False, True])
@@ -156,10 +158,8 @@ def test_bce_target_threshold_binarizes(graph):
     assert 0 < (target > thresh).sum() < target.size
     ours = float(run(BinaryCrossEntropy(0.1, 10, thresh, soft_targets=True), logits, target,
                      graph))
-    binary = (torch.from_numpy(target) > thresh).float()  # timm: target.gt(thresh).to(dtype)
-    torch_ref = float(torch.nn.BCEWithLogitsLoss()(torch.from_numpy(logits), binary))
-    assert ours == pytest.approx(numpy_bce_with_logits(logits, (target > thresh) * 1.0), rel=1e-6)
-    assert ours == pytest.approx(torch_ref, rel=1e-6)
+    # timm: target.gt(thresh).to(dtype)
+    assert_bce_equals_references(ours, logits, (target > thresh).astype(np.float32))
     # strictly greater: a target equal to the threshold becomes 0 (timm's ``gt``)
     tie = np.array([[0.25, 0.25, 0.5, 0.0], [0.5, 0.25, 0.0, 0.25]], np.float32)
     tie_logits = logits[:2, :4]

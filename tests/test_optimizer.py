@@ -96,6 +96,13 @@ def max_abs_diff(ours, ref):
     return max(float(np.max(np.abs(ours[k].astype(np.float64) - ref[k]))) for k in NAMES)
 
 
+def distances(tag, ours, **others):
+    """``max_abs_diff`` of ``ours`` to each named result, printed on one line."""
+    found = {name: max_abs_diff(ours, other) for name, other in others.items()}
+    print(f"\n[{tag}] max |ours - x|: " + "; ".join(f"{n} {d:.1e}" for n, d in found.items()))
+    return found
+
+
 # ---- torch references (float64) ----
 
 def adamw_reference(init, grads, lrs, wd, beta1, beta2, eps, bias_correction=True,
@@ -204,20 +211,17 @@ def test_adamw_equals_torch_adamw(mode, eps):
     grads = gradient_steps(init)
     ours = ms_run(init, grads, LRS, mode, optimizer="adamw", weight_decay=WD,
                   beta1=BETA1, beta2=BETA2, eps=eps)
-    ref = torch_adamw(init, grads, LRS, **hyper(eps))
-    no_bias_correction = adamw_reference(init, grads, LRS, bias_correction=False, **hyper(eps))
-    eps_in_sqrt = adamw_reference(init, grads, LRS, eps_in_sqrt=True, **hyper(eps))
-    no_decay = torch_adamw(init, grads, LRS, **hyper(eps, wd=0.0))
-    print(f"\n[adamw/{mode}/eps {eps:g}] max |ours - torch.optim.AdamW| "
-          f"{max_abs_diff(ours, ref):.1e}; vs without bias correction "
-          f"{max_abs_diff(ours, no_bias_correction):.1e}; vs eps inside sqrt "
-          f"{max_abs_diff(ours, eps_in_sqrt):.1e}; vs without weight decay "
-          f"{max_abs_diff(ours, no_decay):.1e}")
-    assert max_abs_diff(ours, ref) < TOL
-    assert max_abs_diff(ours, no_bias_correction) > 1e-2  # bias correction matters here
-    assert max_abs_diff(ours, no_decay) > 1e-3  # the comparison sees the weight decay
+    d = distances(f"adamw/{mode}/eps {eps:g}", ours,
+                  torch_adamw=torch_adamw(init, grads, LRS, **hyper(eps)),
+                  no_bias_correction=adamw_reference(init, grads, LRS, bias_correction=False,
+                                                     **hyper(eps)),
+                  eps_in_sqrt=adamw_reference(init, grads, LRS, eps_in_sqrt=True, **hyper(eps)),
+                  no_decay=torch_adamw(init, grads, LRS, **hyper(eps, wd=0.0)))
+    assert d["torch_adamw"] < TOL
+    assert d["no_bias_correction"] > 1e-2  # bias correction matters here
+    assert d["no_decay"] > 1e-3  # the comparison sees the weight decay
     if eps >= 1e-3:
-        assert max_abs_diff(ours, eps_in_sqrt) > 1e-4  # ... and eps's placement
+        assert d["eps_in_sqrt"] > 1e-4  # ... and eps's placement
 
 
 def test_adamw_equals_torch_adamw_with_large_eps_and_decay():
@@ -234,12 +238,10 @@ def test_adamw_equals_torch_adamw_with_large_eps_and_decay():
     tiny = dict(eps=1e-3, wd=0.5, beta1=1e-9, beta2=1e-9)
     ours = ms_run(init, grads, LRS, "pynative", optimizer="adamw", weight_decay=tiny["wd"],
                   beta1=tiny["beta1"], beta2=tiny["beta2"], eps=tiny["eps"])
-    ref = torch_adamw(init, grads, LRS, **hyper(**tiny))
-    no_decay = torch_adamw(init, grads, LRS, **hyper(**{**tiny, "wd": 0.0}))
-    print(f"\n[adamw/betas~0] max |ours - torch.optim.AdamW| {max_abs_diff(ours, ref):.1e}; "
-          f"vs without weight decay {max_abs_diff(ours, no_decay):.1e}")
-    assert max_abs_diff(ours, ref) < TOL
-    assert max_abs_diff(ours, no_decay) > 1e-3
+    d = distances("adamw/betas~0", ours, torch_adamw=torch_adamw(init, grads, LRS, **hyper(**tiny)),
+                  no_decay=torch_adamw(init, grads, LRS, **hyper(**{**tiny, "wd": 0.0})))
+    assert d["torch_adamw"] < TOL
+    assert d["no_decay"] > 1e-3
 
 
 @pytest.mark.parametrize("name, prefixes", [("adamw", ("adam_m.", "adam_v.")),
@@ -267,19 +269,18 @@ def test_lamb_equals_paper_algorithm(mode, eps):
     grads = gradient_steps(init)
     ours = ms_run(init, grads, LRS, mode, optimizer="lamb", weight_decay=WD,
                   beta1=BETA1, beta2=BETA2, eps=eps)
-    ref = lamb_reference(init, grads, LRS, **hyper(eps))
-    timm_like = lamb_reference(init, grads, LRS, adapt_no_decay=False, **hyper(eps))
-    gpu_like = lamb_reference(init, grads, LRS, eps_inside_norm=True, **hyper(eps))
-    no_decay = lamb_reference(init, grads, LRS, **hyper(eps, wd=0.0))
-    print(f"\n[lamb/{mode}/eps {eps:g}] max |ours - paper| {max_abs_diff(ours, ref):.1e}; "
-          f"vs no trust ratio on the no-decay group {max_abs_diff(ours, timm_like):.1e}; "
-          f"vs MindSpore-GPU denominator {max_abs_diff(ours, gpu_like):.1e}; "
-          f"vs no weight decay {max_abs_diff(ours, no_decay):.1e}")
-    assert max_abs_diff(ours, ref) < TOL
-    assert max_abs_diff(ours, timm_like) > 1e-2
-    assert max_abs_diff(ours, no_decay) > 1e-3
+    d = distances(f"lamb/{mode}/eps {eps:g}", ours,
+                  paper=lamb_reference(init, grads, LRS, **hyper(eps)),
+                  no_ratio_on_no_decay_group=lamb_reference(init, grads, LRS,
+                                                            adapt_no_decay=False, **hyper(eps)),
+                  mindspore_gpu_denominator=lamb_reference(init, grads, LRS,
+                                                           eps_inside_norm=True, **hyper(eps)),
+                  no_decay=lamb_reference(init, grads, LRS, **hyper(eps, wd=0.0)))
+    assert d["paper"] < TOL
+    assert d["no_ratio_on_no_decay_group"] > 1e-2
+    assert d["no_decay"] > 1e-3
     if eps >= 1e-3:
-        assert max_abs_diff(ours, gpu_like) > 1e-4
+        assert d["mindspore_gpu_denominator"] > 1e-4
 
 
 def test_lamb_zero_weight_norm_takes_the_full_step():
