@@ -10,10 +10,11 @@ file (ONNX Runtime, the fastest on CPU); an exported model takes the --batch_siz
 exported with. Prints the result and writes it as JSON (``eval_result.json`` in --output_dir).
 Every image is evaluated once: no shuffling, the last partial batch is kept; the image count
 reported is that of the labels evaluated. Progress (images done, img/s, ETA) goes to stderr:
-a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/progress.py``).
+a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/utils/progress.py``).
 ``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
 """
-import src.env  # first: sets the oneDNN default before MindSpore loads
+import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+
 # isort: split
 
 import json
@@ -23,17 +24,17 @@ import time
 import mindspore as ms
 import mindspore.nn as nn
 
-from src.cli import run_entry_point
-from src.config import ConfigError, parse_config
-from src.dataset import class_names_of, count_images, create_dataset
-from src.device import setup_device
-from src.image_check import readable_pipeline_errors
-from src.inference import load_predictor
-from src.logger import get_logger
-from src.loss import CrossEntropySmooth
-from src.progress import Progress
-from src.resnet import create_network
-from src.throughput import synthetic_batch, throughput_report, time_calls
+from src.data.image_check import readable_pipeline_errors
+from src.data.pipeline import class_names_of, count_images, create_dataset
+from src.deploy.inference import load_predictor
+from src.models.resnet import create_network
+from src.training.loss import CrossEntropySmooth
+from src.utils.cli import run_entry_point
+from src.utils.config import ConfigError, parse_config
+from src.utils.device import setup_device
+from src.utils.logger import get_logger
+from src.utils.progress import Progress
+from src.utils.throughput import synthetic_batch, throughput_report, time_calls
 
 SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
 """The config.yaml sections this entry point reads (its --help lists them)."""

@@ -7,18 +7,19 @@ preprocessed as in eval (resize, center crop, ImageNet normalization) and return
 (batch_size, class_num) logits. A checkpoint's weight EMA is exported when it has one
 (``use_ema``). MINDIR and ONNX export on any backend; AIR needs Ascend. The ONNX graph's input is
 named ``image`` and its output ``logits``. With ``fold_bn`` (default) every BatchNorm is
-folded into the convolution before it (``src/bn_fold.py``): same logits to float32 rounding,
+folded into the convolution before it (``src/models/bn_fold.py``): same logits to float32 rounding,
 fewer operations to run.
 
 With ``--quantize int8`` (ONNX only) the float32 graph is then statically quantized with ONNX
-Runtime (``src/quantize.py``: QDQ, per-channel int8 weights, uint8 activations), calibrated on
-``calibration_images`` real images of ``--calibration_data_path`` (class folders, preprocessed
-as in eval); the ``.onnx`` file still takes float32 images and returns float32 logits::
+Runtime (``src/deploy/quantize.py``: QDQ, per-channel int8 weights, uint8 activations),
+calibrated on ``calibration_images`` real images of ``--calibration_data_path`` (class folders,
+preprocessed as in eval); the ``.onnx`` file still takes float32 images and returns float32 logits::
 
     python export.py --checkpoint_path CKPT --file_format ONNX --quantize int8 \
         --calibration_data_path /data/imagenet/train --file_name resnet50_int8 --batch_size 1
 """
-import src.env  # first: sets the oneDNN default before MindSpore loads
+import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+
 # isort: split
 
 import os
@@ -27,14 +28,14 @@ import tempfile
 import mindspore as ms
 import numpy as np
 
-from src.bn_fold import fold_batchnorm
-from src.cli import run_entry_point
-from src.config import ConfigError, parse_config
-from src.device import setup_device
-from src.inference import load_network
-from src.logger import get_logger
-from src.quantize import check_quantize_config, export_int8, select_calibration_images
-from src.resnet import use_exportable_max_pool
+from src.deploy.inference import load_network
+from src.deploy.quantize import check_quantize_config, export_int8, select_calibration_images
+from src.models.bn_fold import fold_batchnorm
+from src.models.resnet import use_exportable_max_pool
+from src.utils.cli import run_entry_point
+from src.utils.config import ConfigError, parse_config
+from src.utils.device import setup_device
+from src.utils.logger import get_logger
 
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
 
@@ -46,7 +47,7 @@ def export_model(net, dummy, file_name, file_format):
     """Write ``net`` traced on ``dummy``. ONNX goes through ``mindspore.onnx.export`` (the
     successor of ``export(file_format='ONNX')``) with the graph's input named ``image`` and its
     output ``logits``, after giving ``net`` the max pool the exporter accepts (in place, same
-    output: ``src.resnet.use_exportable_max_pool``)."""
+    output: ``src.models.resnet.use_exportable_max_pool``)."""
     if file_format == "ONNX":
         use_exportable_max_pool(net)
         ms.onnx.export(net, dummy, file_name=file_name, input_names=["image"],
@@ -57,8 +58,8 @@ def export_model(net, dummy, file_name, file_format):
 
 def export_int8_onnx(net, dummy, cfg, calibration):
     """Export ``net`` as float32 ONNX into a temporary folder beside ``cfg.file_name``, then
-    quantize it to ``cfg.file_name + ".onnx"`` (``src.quantize.export_int8``: written whole or
-    not at all), calibrated on the image paths ``calibration``."""
+    quantize it to ``cfg.file_name + ".onnx"`` (``src.deploy.quantize.export_int8``: written
+    whole or not at all), calibrated on the image paths ``calibration``."""
     folder = os.path.dirname(os.path.abspath(cfg.file_name))
     os.makedirs(folder, exist_ok=True)  # as ms.onnx.export does for the float32 file
     with tempfile.TemporaryDirectory(prefix=".export.", dir=folder) as tmp:

@@ -12,7 +12,8 @@ ONNX files run in ONNX Runtime (in requirements.txt; the fastest on CPU). A fold
 --batch_size images at a time (memory does not grow with it); the result lines go to stdout
 as each batch is done, progress to stderr (a bar on a terminal, lines otherwise).
 """
-import src.env  # first: sets the oneDNN default before MindSpore loads
+import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+
 # isort: split
 
 import json
@@ -21,13 +22,13 @@ import sys
 
 import numpy as np
 
-from src.class_names import default_class_names_path, read_class_names
-from src.cli import run_entry_point
-from src.config import ConfigError, parse_config
-from src.device import setup_device
-from src.inference import chunks, list_images, load_predictor, preprocess_images, softmax
-from src.logger import get_logger
-from src.progress import Progress
+from src.data.class_names import default_class_names_path, read_class_names
+from src.deploy.inference import chunks, list_images, load_predictor, preprocess_images, softmax
+from src.utils.cli import run_entry_point
+from src.utils.config import ConfigError, parse_config
+from src.utils.device import setup_device
+from src.utils.logger import get_logger
+from src.utils.progress import Progress
 
 SECTIONS = ("network", "data", "device", "model file", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""

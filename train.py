@@ -15,7 +15,8 @@ Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, or more than
 max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint could
 not be written (disk full, permission), 128 + signal number when stopped by SIGINT/SIGTERM.
 """
-import src.env  # first: sets the oneDNN default before MindSpore loads
+import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+
 # isort: split
 
 import json
@@ -25,26 +26,32 @@ import os
 import mindspore as ms
 import mindspore.dataset as ds
 
-from src.callbacks import (BestCheckpointEvaluator, CheckpointSaver, StepState, StopSignals,
-                           TrainMonitor, loss_value)
-from src.checkpoint import load_into_network, own_checkpoints
-from src.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
-from src.cli import run_entry_point
-from src.config import ConfigError, parse_config
-from src.dataset import class_names_of, create_dataset
-from src.device import all_gather_int, check_fusion_config, init_distributed, setup_device
-from src.image_check import readable_pipeline_errors
-from src.logger import get_logger
-from src.lr_schedule import LR_KEYS, create_lr
-from src.mixing import BatchMixer
-from src.output_dir import prepare_output_dir
-from src.precision import resolve_amp_level, resolve_loss_scale_type
-from src.resnet import create_network
-from src.profiler import ProfileSteps, parse_profile_steps
-from src.resume import (NOT_REQUIRED, agree_across_ranks, check_same_recipe, epoch_seed,
-                        find_resume_checkpoint, restore_training_state)
-from src.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
-from src.train_model import build_model, eval_model
+from src.data.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
+from src.data.image_check import readable_pipeline_errors
+from src.data.mixing import BatchMixer
+from src.data.pipeline import class_names_of, create_dataset
+from src.models.resnet import create_network
+from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor, loss_value
+from src.training.evaluator import BestCheckpointEvaluator
+from src.training.lr_schedule import LR_KEYS, create_lr
+from src.training.model import build_model, eval_model
+from src.training.output_dir import prepare_output_dir
+from src.training.precision import resolve_amp_level, resolve_loss_scale_type
+from src.training.profiler import ProfileSteps, parse_profile_steps
+from src.training.resume import (
+    NOT_REQUIRED,
+    agree_across_ranks,
+    check_same_recipe,
+    epoch_seed,
+    find_resume_checkpoint,
+    restore_training_state,
+)
+from src.utils.checkpoint import load_into_network, own_checkpoints
+from src.utils.cli import run_entry_point
+from src.utils.config import ConfigError, parse_config
+from src.utils.device import all_gather_int, check_fusion_config, init_distributed, setup_device
+from src.utils.logger import get_logger
+from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
 
 SECTIONS = ("network", "data", "training data", "optimization", "device",
             "precision, distribution", "outputs", "performance", "training checkpoints")
@@ -106,7 +113,7 @@ def batch_mixer(cfg, seed):
 def epoch_dataset(cfg, epoch, skip_steps, train_args, shards):
     """The training pipeline of ``epoch``, seeded from (seed, epoch), first ``skip_steps``
     batches skipped (they are still read, so random augmentation stays in step). The image
-    check ran when the first pipeline was built (``src.image_check`` checks a folder once)."""
+    check ran when the first pipeline was built (``src.data.image_check`` checks a folder once)."""
     seed = epoch_seed(cfg.seed, epoch)
     ds.config.set_seed(seed)
     data = create_dataset(cfg.data_path, is_training=True, **train_args, **shards,
@@ -313,7 +320,7 @@ def main(argv=None):
 
 def benchmark_training(cfg, device_num, log):
     """``--benchmark_steps N``: N training steps of the configured recipe on one synthetic
-    batch that stays on the device (``src.throughput``); no dataset, no files. Returns 0."""
+    batch that stays on the device (``src.utils.throughput``); no dataset, no files. Returns 0."""
     net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     step = build_model(cfg, net, cfg.base_lr, amp_level)[0].train_network

@@ -18,8 +18,8 @@ Both get the same config file, data, ``--epoch_size``, ``--run_eval true --eval_
 and any arguments after ``--``. A run whose ``metrics.jsonl`` already holds ``epoch_size``
 epochs is reused (after checking that its ``config.yaml`` has the same recipe), so an
 interrupted comparison goes on where it stopped: an unfinished run of ours resumes from its
-newest checkpoint (``--resume_ckpt auto``), an unfinished twin run starts over. stdout/stderr of each run go to
-``work_dir/{ours,torch}_seedS.out``.
+newest checkpoint (``--resume_ckpt auto``), an unfinished twin run starts over. stdout/stderr
+of each run go to ``work_dir/{ours,torch}_seedS.out``.
 
 Report (printed, and in ``work_dir/parity.md`` / ``parity.json``): the train loss of every
 epoch and the final top-1/top-5 of every run; the difference ours - PyTorch averaged over
@@ -38,8 +38,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from src.config import parse_config  # noqa: E402
-from src.lr_schedule import LR_KEYS  # noqa: E402
+from src.training.lr_schedule import LR_KEYS  # noqa: E402
+from src.utils.config import parse_config  # noqa: E402
 from tools.plot_metrics import MetricsError, plot_runs, read_metrics  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
@@ -52,8 +52,8 @@ NAMES = {"ours": "ours", "torch": "PyTorch"}
 OURS_RESTART = ["--resume_ckpt", "auto", "--overwrite", "true"]
 # config keys that must agree for a finished run to be reused
 RECIPE_KEYS = ("net_name", "class_num", "batch_size", "train_image_size", "eval_image_size",
-               "train_crop_scale", "eval_resize", "momentum", "weight_decay", "label_smoothing", "seed",
-               "zero_init_residual") + LR_KEYS
+               "train_crop_scale", "eval_resize", "momentum", "weight_decay", "label_smoothing",
+               "seed", "zero_init_residual") + LR_KEYS
 
 
 class ParityError(RuntimeError):
@@ -100,7 +100,7 @@ def make_initial_weights(cfg, seed, ckpt_path, pth_path):
     if not os.path.isfile(ckpt_path):
         import mindspore as ms
 
-        from src.resnet import create_network
+        from src.models.resnet import create_network
 
         ms.set_seed(seed)
         net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)

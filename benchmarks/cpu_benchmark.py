@@ -113,9 +113,9 @@ def random_batch(args):
 def ms_model(args):
     """``Model`` of a new network with config.yaml's training recipe (fp32, as on CPU), built
     by train.py's ``build_model`` (``TrainStep``: loss, momentum, weight decay groups)."""
-    from src.config import parse_config
-    from src.resnet import create_network
-    from src.train_model import build_model
+    from src.models.resnet import create_network
+    from src.training.model import build_model
+    from src.utils.config import parse_config
     cfg = parse_config(["--net_name", args.net_name, "--class_num", str(args.class_num)])
     net = create_network(args.net_name, args.class_num)
     return build_model(cfg, net, 0.1, "O0")[0]
@@ -139,7 +139,7 @@ def ms_train_loop(args):
     ms_setup()
     from mindspore.train import Callback
 
-    from src.dataset import create_dataset
+    from src.data.pipeline import create_dataset
 
     class Clock(Callback):
         """Wall-clock time at the start and after every ``loop_steps`` steps."""
@@ -168,7 +168,7 @@ def ms_train_loop(args):
 def ms_infer_ckpt(args):
     """Forward pass of the network loaded from a checkpoint, as eval.py runs it."""
     ms = ms_setup()
-    from src.inference import load_network
+    from src.deploy.inference import load_network
     net = load_network(args.net_name, args.class_num, os.path.join(args.artifacts, "net.ckpt"))
     images = ms.Tensor(random_batch(args)[0])
     return lambda: net(images).asnumpy() is not None and args.batch_size
@@ -177,7 +177,7 @@ def ms_infer_ckpt(args):
 def ms_infer_mindir(args, name="net"):
     """Forward pass of the exported MindIR in ``nn.GraphCell``."""
     ms = ms_setup()
-    from src.inference import load_mindir
+    from src.deploy.inference import load_mindir
     net = load_mindir(os.path.join(args.artifacts, name + ".mindir"))
     images = ms.Tensor(random_batch(args)[0])
     return lambda: net(images).asnumpy() is not None and args.batch_size
@@ -203,7 +203,7 @@ def data_pipeline(args, augment=None):
     pulls ``loop_steps`` batches (the first call also starts the pipeline). ``augment``: extra
     augmentation arguments of ``create_dataset``."""
     ms_setup()
-    from src.dataset import create_dataset
+    from src.data.pipeline import create_dataset
     data = create_dataset(args.data_path, is_training=True, batch_size=args.batch_size,
                           image_size=args.image_size, num_parallel_workers=args.threads,
                           **(augment or {}))
@@ -222,8 +222,8 @@ def prepare(args):
     (BatchNorm folded), net_unfolded.mindir / .onnx without folding, and net_int8.onnx."""
     ms = ms_setup()
     from export import export_model
-    from src.bn_fold import fold_batchnorm
-    from src.resnet import create_network
+    from src.models.bn_fold import fold_batchnorm
+    from src.models.resnet import create_network
     dummy = ms.Tensor(random_batch(args)[0])
     ckpt = os.path.join(args.artifacts, "net.ckpt")
     for name in ("net_unfolded", "net"):  # a fresh network each: no graph cached across
@@ -251,9 +251,9 @@ class OneBatch:
 
 def quantize_net(args):
     """net_int8.onnx: net.onnx quantized as ``export.py --quantize int8`` does
-    (``src.quantize.quantize_int8``), calibrated on the fixed random batch (the ranges do not
+    (``src.deploy.quantize.quantize_int8``), calibrated on the fixed random batch (the ranges do not
     change the speed)."""
-    from src.quantize import quantize_int8
+    from src.deploy.quantize import quantize_int8
     with tempfile.TemporaryDirectory(dir=args.artifacts) as workdir:
         quantize_int8(os.path.join(args.artifacts, "net.onnx"),
                       os.path.join(args.artifacts, "net_int8.onnx"),

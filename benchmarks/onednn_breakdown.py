@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cpu_benchmark  # noqa: E402  (standard library only at import)
 from cpu_benchmark import ISA_VAR  # noqa: E402
+
 START, END = "BREAKDOWN-START", "BREAKDOWN-END"
 CASES = ("ms_train_step", "ms_infer", "torch_train_nchw", "torch_train_channels_last",
          "torch_infer_nchw", "torch_infer_channels_last")
@@ -66,7 +67,7 @@ def parse_args():
 def infer_step(bench_args):
     """Forward pass of a new network (random weights) in graph mode, as eval.py runs it."""
     ms = cpu_benchmark.ms_setup()
-    from src.resnet import create_network
+    from src.models.resnet import create_network
     net = create_network(bench_args.net_name, bench_args.class_num)
     net.set_train(False)
     images = ms.Tensor(cpu_benchmark.random_batch(bench_args)[0])

@@ -4,15 +4,15 @@
         --data_path ../shared/data/cifar10/train --eval_data_path ../shared/data/cifar10/test \
         --run_eval true --epoch_size 5 --seed 1 --pre_trained init_seed1.ckpt --output_dir out/torch
 
-Same command line and config files as train.py (``src.config.parse_config``), and the same
+Same command line and config files as train.py (``src.utils.config.parse_config``), and the same
 recipe in PyTorch terms:
 
 - network: ``tests/torch_resnet.py`` (torchvision's layout), from ``--pre_trained``: one of our
   ``.ckpt`` files (converted with ``tools/convert_torch_checkpoint.py``) or a torch ``.pth``;
-- LR: the per-step array of ``src.lr_schedule.create_lr`` (the same keys, the same values);
+- LR: the per-step array of ``src.training.lr_schedule.create_lr`` (the same keys, the same values);
 - optimizer: ``torch.optim.SGD`` (momentum, no dampening) with weight decay on convolution and
-  linear weights only, BatchNorm and biases none (NVIDIA's rule, ``src/optimizer.py``);
-- loss: ``torch.nn.CrossEntropyLoss(label_smoothing=eps)`` (``src/loss.py``'s convention);
+  linear weights only, BatchNorm and biases none (NVIDIA's rule, ``src/training/optimizer.py``);
+- loss: ``torch.nn.CrossEntropyLoss(label_smoothing=eps)`` (``src/training/loss.py``'s convention);
 - BatchNorm: torch's momentum 0.1, eps 1e-5 (ours: MindSpore momentum 0.9, the same update);
 - augmentation: torchvision's ``RandomResizedCrop`` (area ``train_crop_scale``, aspect 3/4-4/3,
   10 tries then a center crop; bilinear) + ``RandomHorizontalFlip`` + ``Normalize``; eval:
@@ -41,15 +41,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from src.cli import run_entry_point  # noqa: E402
-from src.config import ConfigError, parse_config  # noqa: E402
-from src.errors import MissingFileError  # noqa: E402
-from src.image_check import check_image_folder, is_image_name  # noqa: E402
-from src.logger import get_logger  # noqa: E402
-from src.lr_schedule import LR_KEYS, create_lr  # noqa: E402
+from src.data.image_check import check_image_folder, is_image_name  # noqa: E402
+from src.training.lr_schedule import LR_KEYS, create_lr  # noqa: E402
+from src.utils.cli import run_entry_point  # noqa: E402
+from src.utils.config import ConfigError, parse_config  # noqa: E402
+from src.utils.errors import MissingFileError  # noqa: E402
+from src.utils.logger import get_logger  # noqa: E402
 from tests.torch_resnet import torch_resnet  # noqa: E402
 
-# torchvision's ImageNet mean / std, in units of 0-255 pixel values (as src/dataset.py).
+# torchvision's ImageNet mean / std, in units of 0-255 pixel values (as src/data/pipeline.py).
 MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
 STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -211,7 +211,7 @@ def load_initial_weights(net, path):
 
 def weight_decay_groups(net, weight_decay):
     """SGD parameter groups of NVIDIA's rule: decay on conv/linear weights (tensors of 2 or
-    more dimensions), none on BatchNorm weight/bias and on biases (``src.optimizer``)."""
+    more dimensions), none on BatchNorm weight/bias and on biases (``src.training.optimizer``)."""
     decay = [p for _, p in net.named_parameters() if p.dim() > 1]
     rest = [p for _, p in net.named_parameters() if p.dim() <= 1]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]

@@ -4,7 +4,7 @@ import mindspore as ms
 import numpy as np
 import torch
 
-from src.resnet import create_network
+from src.models.resnet import create_network
 from tests.torch_resnet import torch_resnet
 from tools.convert_torch_checkpoint import torch_state_to_ms_arrays
 

@@ -12,8 +12,13 @@ import re
 import pytest
 
 from src.env import set_cpu_fast_path
-from tests.helpers import (CIFAR_SAMPLE, SHARED_DATA, copy_class_folders, require_shared_data,
-                           run_entry)
+from tests.helpers import (
+    CIFAR_SAMPLE,
+    SHARED_DATA,
+    copy_class_folders,
+    require_shared_data,
+    run_entry,
+)
 
 set_cpu_fast_path()  # before any test module imports MindSpore
 

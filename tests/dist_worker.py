@@ -21,10 +21,10 @@ set_cpu_fast_path()
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 
-from src.inference import preprocess_images  # noqa: E402
-from src.loss import CrossEntropySmooth  # noqa: E402
-from src.optimizer import create_optimizer  # noqa: E402
-from src.resnet import create_network  # noqa: E402
+from src.deploy.inference import preprocess_images  # noqa: E402
+from src.models.resnet import create_network  # noqa: E402
+from src.training.loss import CrossEntropySmooth  # noqa: E402
+from src.training.optimizer import create_optimizer  # noqa: E402
 from tests.helpers import interleaved_class_images  # noqa: E402
 
 

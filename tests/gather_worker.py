@@ -9,9 +9,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import src.env  # noqa: F401,E402  (first: the oneDNN default before MindSpore loads)
+
+# isort: split
+
 import mindspore as ms  # noqa: E402
 
-from src.device import all_gather_int, init_distributed  # noqa: E402
+from src.utils.device import all_gather_int, init_distributed  # noqa: E402
 
 
 def main():

@@ -20,12 +20,12 @@ import pytest
 import torch
 from PIL import Image
 
-from src.dataset import IMAGENET_MEAN, IMAGENET_STD
-from src.inference import preprocess_images
-from src.loss import CrossEntropySmooth
-from src.lr_schedule import warmup_cosine_lr
-from src.optimizer import create_optimizer, split_weight_decay
-from src.resnet import batch_norm, create_network
+from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from src.deploy.inference import preprocess_images
+from src.models.resnet import batch_norm, create_network
+from src.training.loss import CrossEntropySmooth
+from src.training.lr_schedule import warmup_cosine_lr
+from src.training.optimizer import create_optimizer, split_weight_decay
 from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
 from tests.helpers import CIFAR_SAMPLE, imagenet_images, interleaved_class_images
 from tests.torch_resnet import torch_resnet

@@ -22,9 +22,16 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from src.dataset import (AUGMENT_OPS, IMAGENET_MEAN, IMAGENET_STD, RandomErasing,
-                         augment_variants, auto_augment_ops, create_dataset, create_transforms,
-                         rand_augment_space, trivial_augment_wide_space)
+from src.data.augment import (
+    AUGMENT_OPS,
+    RandomErasing,
+    augment_variants,
+    auto_augment_ops,
+    rand_augment_space,
+    trivial_augment_wide_space,
+)
+from src.data.pipeline import create_dataset
+from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD, create_transforms
 from tests.helpers import IMAGENET_SMALL, imagenet_images
 
 SIZE = 224

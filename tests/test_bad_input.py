@@ -8,8 +8,8 @@ import mindspore as ms
 import pytest
 from PIL import Image
 
-from src.image_check import ImageFolderError, check_image_folder
-from src.resnet import create_network
+from src.data.image_check import ImageFolderError, check_image_folder
+from src.models.resnet import create_network
 from tests.helpers import GREYSCALE_JPEG, copy_class_folders, run_entry
 
 COMMON = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
@@ -31,8 +31,9 @@ def error_of(script, *args):
 
 
 def train_error(data, *args):
-    return error_of("train.py", *COMMON, "--class_num", "2", "--batch_size", "4", "--data_path", data,
-                    "--output_dir", os.path.join(os.path.dirname(data), "out"), *args)
+    return error_of("train.py", *COMMON, "--class_num", "2", "--batch_size", "4",
+                    "--data_path", data, "--output_dir", os.path.join(os.path.dirname(data), "out"),
+                    *args)
 
 
 # ---- the folder layout ----
@@ -209,5 +210,6 @@ def test_converter_names_an_unreadable_file(tmp_path):
                         "convert_torch_checkpoint.py")
     result = subprocess.run([sys.executable, tool, str(bad), str(tmp_path / "x.ckpt")],
                             capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 2 and "cannot read" in result.stderr and "broken.pth" in result.stderr
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr and "broken.pth" in result.stderr
     assert "Traceback" not in result.stderr

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from src.bn_fold import fold_batchnorm, folded_conv
-from src.inference import preprocess_images
-from src.resnet import create_network
+from src.deploy.inference import preprocess_images
+from src.models.bn_fold import fold_batchnorm, folded_conv
+from src.models.resnet import create_network
 from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
 from tests.test_alignment import imagenet_paths
 

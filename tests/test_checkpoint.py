@@ -1,10 +1,11 @@
-"""Checkpoint loading: a checkpoint of another depth or class count is named, fine-tuning drops fc."""
+"""Checkpoint loading: a checkpoint of another depth or class count is named, fine-tuning drops
+fc."""
 import mindspore as ms
 import numpy as np
 import pytest
 
-from src.checkpoint import CheckpointMismatchError, load_into_network
-from src.resnet import create_network
+from src.models.resnet import create_network
+from src.utils.checkpoint import CheckpointMismatchError, load_into_network
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Config loading: override order, unknown keys, wrong types, --help."""
 import pytest
 
-from src.config import ConfigError, load_schema, parse_config
+from src.utils.config import ConfigError, load_schema, parse_config
 from tests.helpers import run_entry
 
 
@@ -68,7 +68,8 @@ def test_wrong_type_on_command_line_is_named(key, value):
 @pytest.mark.parametrize("text,key", [("batch_size: 3.5\n", "batch_size"),
                                       ("run_eval: 1\n", "run_eval"),
                                       ("net_name: 50\n", "net_name"),
-                                      ("all_reduce_fusion_config: 85\n", "all_reduce_fusion_config")])
+                                      ("all_reduce_fusion_config: 85\n",
+                                       "all_reduce_fusion_config")])
 def test_wrong_type_in_file_is_named(tmp_path, text, key):
     with pytest.raises(ConfigError, match=f"recipe.yaml: key '{key}' expects"):
         parse_config(["--config_path", write(tmp_path, text)])
@@ -83,7 +84,7 @@ def test_every_key_has_help_and_each_entry_point_lists_its_sections():
     import importlib
     import re
 
-    from src.config import read_sections
+    from src.utils.config import read_sections
     defaults, helps, _ = load_schema()
     assert set(defaults) == set(helps)
     sections = read_sections()
@@ -102,7 +103,8 @@ def test_every_key_has_help_and_each_entry_point_lists_its_sections():
 def test_recipes_in_configs_folder_load():
     import glob
     import os
-    from src.config import ROOT
+
+    from src.utils.config import ROOT
     recipes = glob.glob(os.path.join(ROOT, "configs", "*.yaml"))
     assert recipes
     for recipe in recipes:
@@ -111,7 +113,8 @@ def test_recipes_in_configs_folder_load():
 
 def test_readme_documents_every_key():
     import os
-    from src.config import ROOT
+
+    from src.utils.config import ROOT
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     defaults, _, _ = load_schema()
     assert [k for k in defaults if f"| `{k}` |" not in readme] == []

@@ -8,12 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from src.checkpoint import load_into_network
-from src.resnet import NETWORKS, create_network
+from src.models.resnet import NETWORKS, create_network
+from src.utils.checkpoint import load_into_network
 from tests.helpers import ROOT
 from tests.torch_resnet import torch_resnet
-from tools.convert_torch_checkpoint import (ConversionError, ms_to_torch_names,
-                                            torch_state_to_ms_arrays, torch_to_ms_names)
+from tools.convert_torch_checkpoint import (
+    ConversionError,
+    ms_to_torch_names,
+    torch_state_to_ms_arrays,
+    torch_to_ms_names,
+)
 
 TOOL = os.path.join(ROOT, "tools", "convert_torch_checkpoint.py")
 
@@ -181,9 +185,9 @@ def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path)
     assert converted.returncode == 0, converted.stderr
     test = os.path.join(CIFAR_SAMPLE, "test")
     resize, crop = 36, 32  # the quick start trains at 32 px; the resize is exercised too
-    result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10", "--eval_image_size",
-                       crop, "--eval_resize", resize, "--batch_size", "8", "--checkpoint_path",
-                       ckpt, "--data_path", test, "--output_dir", tmp_path)
+    result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10",
+                       "--eval_image_size", crop, "--eval_resize", resize, "--batch_size", "8",
+                       "--checkpoint_path", ckpt, "--data_path", test, "--output_dir", tmp_path)
     assert result.returncode == 0, result.stderr
     ours = json.load(open(tmp_path / "eval_result.json"))
     images, labels = [], []

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from src.dataset import (IMAGENET_MEAN, IMAGENET_STD, count_images, create_dataset,
-                         create_transforms)
-from src.image_check import IMAGE_EXTENSIONS
-from src.inference import preprocess_images
+from src.data.image_check import IMAGE_EXTENSIONS
+from src.data.pipeline import count_images, create_dataset
+from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD, create_transforms
+from src.deploy.inference import preprocess_images
 from tests.helpers import IMAGENET_SMALL, imagenet_images
 
 
@@ -84,8 +84,9 @@ def test_eval_preprocessing_matches_predict(cifar_small):
     data = create_dataset(cifar_small["test"], is_training=False, batch_size=30, image_size=24,
                           eval_resize=28, num_parallel_workers=1)
     (image, _), = batches(data)
-    paths = [os.path.join(cifar_small["test"], c, n) for c in sorted(os.listdir(cifar_small["test"]))
-             for n in sorted(os.listdir(os.path.join(cifar_small["test"], c)))]
+    root = cifar_small["test"]
+    paths = [os.path.join(root, c, n) for c in sorted(os.listdir(root))
+             for n in sorted(os.listdir(os.path.join(root, c)))]
     np.testing.assert_array_equal(preprocess_images(paths, 24, 28), image)
 
 

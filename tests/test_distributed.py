@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from src.device import check_fusion_config, fusion_config_for
+from src.utils.device import check_fusion_config, fusion_config_for
 from tests.helpers import CIFAR_SAMPLE, ROOT
 
 LAUNCH_TIMEOUT = 420  # seconds any launch may take before the test fails

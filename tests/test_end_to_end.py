@@ -9,11 +9,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from src.checkpoint import load_into_network
-from src.inference import list_images, preprocess_images
-from src.resnet import create_network
-from tests.helpers import (CIFAR_SAMPLE, IMAGENET_SMALL, copy_class_folders, run_entry,
-                           succeeded)
+from src.deploy.inference import list_images, preprocess_images
+from src.models.resnet import create_network
+from src.utils.checkpoint import load_into_network
+from tests.helpers import CIFAR_SAMPLE, IMAGENET_SMALL, copy_class_folders, run_entry, succeeded
 
 COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--train_image_size", "32",
           "--eval_image_size", "32", "--eval_resize", "32", "--num_parallel_workers", "2"]
@@ -210,8 +209,8 @@ def test_predict_names_imagenet_classes_for_a_1000_class_model(tmp_path):
     out = predictions(succeeded(run_entry(
         "predict.py", "--net_name", "resnet18", "--checkpoint_path", ckpt, "--image_path", image,
         "--batch_size", "1")).stdout)
-    names = [line.rstrip("\n").split("\t")[-1] for line in open(
-        os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "imagenet_classes.tsv"))][1:]
+    tsv = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "imagenet_classes.tsv")
+    names = [line.rstrip("\n").split("\t")[-1] for line in open(tsv)][1:]
     assert len(out) == 1 and len(out[0]["top"]) == 5
     for item in out[0]["top"]:
         assert item["name"] == names[item["class"]]

@@ -1,12 +1,12 @@
-"""The image check of class folders (src/image_check.py): truncated PNG and BMP files are named
+"""The image check of class folders (src/data/image_check.py): truncated PNG and BMP files are named
 like truncated JPEGs; its errors are user errors."""
 import os
 
 import pytest
 from PIL import Image
 
-from src.errors import MissingFileError, UserError
-from src.image_check import ImageFolderError, check_image_folder
+from src.data.image_check import ImageFolderError, check_image_folder
+from src.utils.errors import MissingFileError, UserError
 from tests.helpers import ROOT, copy_class_folders
 
 SAMPLE = os.path.join(ROOT, "data", "cifar10_sample", "train")
@@ -36,8 +36,8 @@ def truncate(path, keep=0.5):
 def test_truncated_png_and_bmp_are_named_and_intact_ones_pass(folder):
     cat, dog = os.path.join(folder, "cat"), os.path.join(folder, "dog")
     source = os.path.join(cat, "0000.jpg")
-    intact = [save_as(source, os.path.join(cat, "intact.png")),
-              save_as(source, os.path.join(dog, "intact.bmp"))]
+    save_as(source, os.path.join(cat, "intact.png"))
+    save_as(source, os.path.join(dog, "intact.bmp"))
     broken = [save_as(source, os.path.join(cat, "cut.png")),
               save_as(source, os.path.join(dog, "cut.bmp"))]
     for path in broken:

@@ -1,4 +1,5 @@
-"""Inference (src/inference.py, eval.py, predict.py): exported models' input shapes are checked
+"""Inference (src/deploy/inference.py, eval.py, predict.py): exported models' input shapes are
+checked
 against the shape they declare and only a real mismatch is reported as one; predict streams a
 folder batch by batch; eval counts the images it evaluated."""
 import importlib
@@ -11,10 +12,18 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from src.errors import MissingFileError, UserError
-from src.inference import (ModelInputError, batched, list_images, load_mindir, load_predictor,
-                           mindir_input_shape, preprocess_images, softmax)
-from src.resnet import create_network
+from src.deploy.inference import (
+    ModelInputError,
+    batched,
+    list_images,
+    load_mindir,
+    load_predictor,
+    mindir_input_shape,
+    preprocess_images,
+    softmax,
+)
+from src.models.resnet import create_network
+from src.utils.errors import MissingFileError, UserError
 from tests.helpers import ROOT, copy_class_folders
 
 SAMPLE = os.path.join(ROOT, "data", "cifar10_sample")

@@ -6,8 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.loss import (LOSSES, BinaryCrossEntropy, CrossEntropySmooth, SoftTargetCrossEntropy,
-                      create_loss)
+from src.training.loss import (
+    LOSSES,
+    BinaryCrossEntropy,
+    CrossEntropySmooth,
+    SoftTargetCrossEntropy,
+    create_loss,
+)
 
 
 def numpy_smoothed_ce(logits, labels, eps):

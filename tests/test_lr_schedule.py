@@ -4,8 +4,13 @@ import math
 import numpy as np
 import pytest
 
-from src.lr_schedule import (create_lr, scale_lr, warmup_cosine_lr, warmup_linear_lr,
-                             warmup_step_lr)
+from src.training.lr_schedule import (
+    create_lr,
+    scale_lr,
+    warmup_cosine_lr,
+    warmup_linear_lr,
+    warmup_step_lr,
+)
 
 
 def test_cosine_length_warmup_peak_decay_end():

@@ -8,7 +8,7 @@ import mindspore.dataset as ds
 import numpy as np
 import pytest
 
-from src.mixing import BatchMixer
+from src.data.mixing import BatchMixer
 
 N, C, H, W, K = 6, 3, 12, 20, 10  # H != W catches a swapped box; N even: no self-paired sample
 

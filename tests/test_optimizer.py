@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from src.optimizer import OPTIMIZERS, create_optimizer, split_weight_decay
+from src.training.optimizer import OPTIMIZERS, create_optimizer, split_weight_decay
 
 NAMES = ("dense.weight", "dense.bias", "bn.gamma", "bn.beta")
 DECAYED = ("dense.weight",)
@@ -59,9 +59,10 @@ def initial_values(seed=0, beta_zero=True):
     return {k: v.astype(np.float32) for k, v in init.items()}
 
 
-def gradient_steps(init, steps=len(LRS), seed=1, scale=1.0):
-    """One dict of float32 gradients per step."""
+def gradient_steps(init, steps=None, seed=1, scale=1.0):
+    """One dict of float32 gradients per step (``steps`` defaults to one per LR of ``LRS``)."""
     rng = np.random.default_rng(seed)
+    steps = len(LRS) if steps is None else steps
     return [{k: (scale * rng.standard_normal(v.shape)).astype(np.float32) for k, v in init.items()}
             for _ in range(steps)]
 
@@ -248,8 +249,8 @@ def test_adamw_equals_torch_adamw_with_large_eps_and_decay():
                                             ("lamb", ("lamb_m.", "lamb_v."))])
 def test_moment_names_are_checkpoint_optimizer_state(name, prefixes):
     """AdamW's moments are adam_m.* / adam_v.*, Lamb's lamb_m.* / lamb_v.*: prefixes that
-    src.checkpoint lists as optimizer state (not network parameters)."""
-    from src.checkpoint import TRAINING_STATE_PREFIXES
+    src.utils.checkpoint lists as optimizer state (not network parameters)."""
+    from src.utils.checkpoint import TRAINING_STATE_PREFIXES
     optimizer = create_optimizer(LinearLossNet(initial_values()), 0.1, optimizer=name)
     for moments, prefix in zip((optimizer.moments1, optimizer.moments2), prefixes):
         assert [p.name for p in moments] == [prefix + n for n in NAMES]

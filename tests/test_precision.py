@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from mindspore.train import RunContext
 
-from src.callbacks import StepState, TrainMonitor
-from src.config import ConfigError
-from src.precision import loss_scale_setup, resolve_loss_scale_type
-from src.train_step import TrainStep
+from src.training.callbacks import StepState, TrainMonitor
+from src.training.precision import loss_scale_setup, resolve_loss_scale_type
+from src.training.train_step import TrainStep
+from src.utils.config import ConfigError
 from tests.test_train_step import batches, make, params
 
 

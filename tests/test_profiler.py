@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from mindspore.train import Callback, Model
 
-import src.profiler as profiler_module
-from src.callbacks import StepState
-from src.config import ConfigError
-from src.profiler import ProfileSteps, parse_profile_steps, read_op_statistics, top_ops
+import src.training.profiler as profiler_module
+from src.training.callbacks import StepState
+from src.training.profiler import ProfileSteps, parse_profile_steps, read_op_statistics, top_ops
+from src.utils.config import ConfigError
 
 STEPS_PER_EPOCH = 3
 LOGGER = "test_profiler"

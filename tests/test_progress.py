@@ -1,14 +1,13 @@
-"""Progress of long work: a tqdm bar on a terminal, plain lines otherwise (src/progress.py),
+"""Progress of long work: a tqdm bar on a terminal, plain lines otherwise (src/utils/progress.py),
 and the lines eval.py writes when its output is not a terminal."""
 import io
 import os
 
 import mindspore as ms
-import pytest
 
 from src import image_check
-from src.progress import Progress, format_eta
-from src.resnet import create_network
+from src.models.resnet import create_network
+from src.utils.progress import Progress, format_eta
 from tests.helpers import ROOT, copy_class_folders, run_entry
 
 SAMPLE = os.path.join(ROOT, "data", "cifar10_sample")

@@ -1,4 +1,5 @@
-"""int8 ONNX export (``export.py --quantize int8``, ``src/quantize.py``) on the shipped CIFAR-10
+"""int8 ONNX export (``export.py --quantize int8``, ``src/deploy/quantize.py``) on the shipped
+CIFAR-10
 sample: the QDQ graph with int8 weights, eval.py and predict.py on it, its logits against the
 float32 export, the calibration image choice and the bad-input errors (exit status 2).
 
@@ -14,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 
-from src.inference import load_predictor, preprocess_images
-from src.quantize import ImageCalibrationReader, pad_batch, select_calibration_images
+from src.deploy.inference import load_predictor, preprocess_images
+from src.deploy.quantize import ImageCalibrationReader, pad_batch, select_calibration_images
 from tests.helpers import CIFAR_SAMPLE, run_entry, succeeded
 
 TRAIN = os.path.join(CIFAR_SAMPLE, "train")
@@ -218,7 +219,7 @@ def test_the_reader_gives_eval_preprocessed_batches_of_the_export_size():
 ])
 def test_bad_int8_export_input_exits_2_naming_the_key(args, message, capsys, tmp_path):
     import export
-    from src.cli import run_entry_point
+    from src.utils.cli import run_entry_point
 
     with pytest.raises(SystemExit) as stop:
         run_entry_point(export.main, [*COMMON, "--checkpoint_path", "unused.ckpt", "--file_name",

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from src.config import ConfigError, parse_config
+from src.utils.config import ConfigError, parse_config
 from tests.helpers import IMAGENET_SMALL, ROOT, run_entry, succeeded
 
 SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "64",
@@ -73,7 +73,7 @@ def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tm
 def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
     import onnxruntime as ort
 
-    from src.inference import list_images, load_network, preprocess_images
+    from src.deploy.inference import list_images, load_network, preprocess_images
     out, _ = ema_run
     ckpt = str(out / "resnet18-2_6.ckpt")
     name = str(tmp_path / "net")

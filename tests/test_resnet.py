@@ -3,8 +3,14 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from src.resnet import (NETWORKS, Bottleneck, MaxPoolPad1, batch_norm, create_network,
-                        use_exportable_max_pool)
+from src.models.resnet import (
+    NETWORKS,
+    Bottleneck,
+    MaxPoolPad1,
+    batch_norm,
+    create_network,
+    use_exportable_max_pool,
+)
 
 # torchvision's parameter counts (trainable) at 1000 classes.
 TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,

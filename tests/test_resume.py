@@ -167,7 +167,7 @@ def expected_names(path):
 
 
 def test_auto_passes_over_a_truncated_checkpoint(one_epoch, cifar_small, tmp_path, caplog):
-    from src.resume import find_resume_checkpoint
+    from src.training.resume import find_resume_checkpoint
     out = str(tmp_path)
     for name in ("resnet18-1_9.ckpt", "resnet18-1_10.ckpt"):
         shutil.copy(os.path.join(one_epoch, name), out)
@@ -186,7 +186,7 @@ def test_auto_passes_over_a_truncated_checkpoint(one_epoch, cifar_small, tmp_pat
 def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(one_epoch, tmp_path, caplog):
     """A file cut between two records still parses (a checkpoint is a sequence of records),
     with the optimizer's step but without the later parameters: not resumable."""
-    from src.resume import find_resume_checkpoint
+    from src.training.resume import find_resume_checkpoint
     out = str(tmp_path)
     shutil.copy(os.path.join(one_epoch, "resnet18-1_9.ckpt"), out)
     full = ms.load_checkpoint(os.path.join(one_epoch, "resnet18-1_10.ckpt"))
@@ -202,7 +202,7 @@ def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(one_epoch, tmp_p
 
 
 def test_checkpoints_store_the_run_config_and_resume_checks_it(one_epoch, cifar_small):
-    from src.checkpoint import stored_config
+    from src.utils.checkpoint import stored_config
     stored = stored_config(ms.load_checkpoint(os.path.join(one_epoch, "resnet18-1_10.ckpt")))
     assert stored["batch_size"] == 8 and stored["device_num"] == 1 and stored["epoch_size"] == 1
     for key, value in (("epoch_size", "2"), ("batch_size", "4"), ("base_lr", "0.3")):
@@ -248,8 +248,13 @@ def test_overflowed_steps_are_counted_not_fatal(tmp_path):
 
     from mindspore.train import RunContext
 
-    from src.callbacks import (CheckpointSaver, StepState, StopSignals, TrainMonitor,
-                               step_status)
+    from src.training.callbacks import (
+        CheckpointSaver,
+        StepState,
+        StopSignals,
+        TrainMonitor,
+        step_status,
+    )
 
     def outputs(loss, overflow):
         return (ms.Tensor(np.float32(loss)), ms.Tensor(overflow), ms.Tensor(np.float32(1024)))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from mindspore.train import RunContext
 
-from src.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor
-from src.config import ConfigError, parse_config
+from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor
+from src.utils.config import ConfigError, parse_config
 from train import epoch_calls, resolve_sink_size
 
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from src.throughput import synthetic_batch, throughput_report, time_calls
+from src.utils.throughput import synthetic_batch, throughput_report, time_calls
 from tests.helpers import run_entry
 
 QUICK = ["--config_path", "configs/quick_start.yaml", "--batch_size", "8", "--benchmark_steps",

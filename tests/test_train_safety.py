@@ -15,12 +15,12 @@ import pytest
 from mindspore import nn
 from mindspore.train import RunContext
 
-from src.callbacks import CheckpointSaver, StepState, StopSignals
-from src.checkpoint import atomic_save_checkpoint, checkpoint_name
-from src.config import ConfigError
-from src.errors import OutputDirError
-from src.output_dir import prepare_output_dir
-from src.resume import agree_across_ranks
+from src.training.callbacks import CheckpointSaver, StepState, StopSignals
+from src.training.output_dir import prepare_output_dir
+from src.training.resume import agree_across_ranks
+from src.utils.checkpoint import atomic_save_checkpoint, checkpoint_name
+from src.utils.config import ConfigError
+from src.utils.errors import OutputDirError
 from tests.helpers import ROOT, run_entry
 
 LOG = logging.getLogger("test")
@@ -116,7 +116,7 @@ def test_keep_checkpoint_max_prunes_only_files_this_run_wrote(tmp_path):
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch):
-    import src.callbacks
+    import src.training.callbacks
 
     state = StepState()
     saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 100,
@@ -129,7 +129,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(src.callbacks, "atomic_save_checkpoint", disk_full)
+    monkeypatch.setattr(src.training.callbacks, "atomic_save_checkpoint", disk_full)
     run_steps(state, saver, context, 2)
     assert context.get_stop_requested() and "No space left on device" in saver.error
     assert saver.last_saved == good
@@ -165,7 +165,7 @@ def test_finish_exit_status_names_the_last_good_checkpoint(tmp_path, caplog):
 
 def test_atomic_save_flushes_the_file_before_the_rename_and_the_folder_after(tmp_path,
                                                                             monkeypatch):
-    import src.checkpoint
+    import src.utils.checkpoint
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -178,8 +178,8 @@ def test_atomic_save_flushes_the_file_before_the_rename_and_the_folder_after(tmp
         events.append(("rename", None))
         real_replace(src, dst)
 
-    monkeypatch.setattr(src.checkpoint.os, "fsync", fsync)
-    monkeypatch.setattr(src.checkpoint.os, "replace", replace)
+    monkeypatch.setattr(src.utils.checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(src.utils.checkpoint.os, "replace", replace)
     path = str(tmp_path / "a.ckpt")
     atomic_save_checkpoint(nn.Dense(2, 2), path)
     assert events == [("fsync", False), ("rename", None), ("fsync", True)]
@@ -286,7 +286,7 @@ def test_a_signal_during_start_up_stops_with_a_message(tmp_path, signum):
 # ---- errors: the user's get one line, bugs keep their traceback ----
 
 def test_only_user_errors_become_one_line(capsys):
-    from src.cli import run_entry_point
+    from src.utils.cli import run_entry_point
 
     def bad_value(argv):
         raise ConfigError("batch_size must be positive, got 0")

@@ -7,7 +7,7 @@ import mindspore.ops as ops
 import numpy as np
 import pytest
 
-from src.train_step import EMA_COUNTER, TrainStep, WeightEma, clip_by_global_norm
+from src.training.train_step import EMA_COUNTER, TrainStep, WeightEma, clip_by_global_norm
 
 
 class Small(nn.Cell):
@@ -172,9 +172,9 @@ def test_bad_arguments():
 def test_ema_evaluation_is_measured_as_the_live_network(amp_level):
     """train.py's evaluation of the EMA weights uses build_model's evaluation cell: under O2
     both cast the logits to float32 before loss and metrics."""
-    from src.config import parse_config
-    from src.resnet import create_network
-    from src.train_model import build_model
+    from src.models.resnet import create_network
+    from src.training.model import build_model
+    from src.utils.config import parse_config
     from train import build_evaluator
     cfg = parse_config(["--net_name", "resnet18", "--class_num", "10", "--ema_decay", "0.99"])
     net = create_network("resnet18", 10)

@@ -6,7 +6,8 @@
 The direction follows the file suffixes (.pth/.pt -> .ckpt, or .ckpt -> .pth). A torch file may be
 a bare state_dict, ``{"state_dict": ...}`` (or ``{"model": ...}``), with or without DataParallel's
 ``module.`` prefix. The network (depth, class count) is read from the weights and checked against
-ours (``src/resnet.py``): every name and shape must match, else the error lists the differences.
+ours (``src/models/resnet.py``): every name and shape must match, else the error lists the
+differences.
 
 Names map one to one (never by position: MindSpore orders BatchNorm tensors differently):
 BatchNorm ``weight/bias/running_mean/running_var`` <-> ``gamma/beta/moving_mean/moving_variance``;
@@ -24,9 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from src.checkpoint import atomic_save_checkpoint, compare  # noqa: E402
-from src.errors import UserError  # noqa: E402
-from src.resnet import create_network  # noqa: E402
+from src.models.resnet import create_network  # noqa: E402
+from src.utils.checkpoint import atomic_save_checkpoint, compare  # noqa: E402
+from src.utils.errors import UserError  # noqa: E402
 
 BN_TORCH_TO_MS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
                   "running_var": "moving_variance"}
@@ -49,7 +50,8 @@ def unwrap_state_dict(obj):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict):
-        raise ConversionError(f"expected a state_dict (a dict of tensors), got {type(obj).__name__}")
+        raise ConversionError(f"expected a state_dict (a dict of tensors), got "
+                              f"{type(obj).__name__}")
     return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in obj.items()}
 
 

@@ -3,7 +3,7 @@
     python tools/plot_metrics.py output/r18/metrics.jsonl -o curves.png
     python tools/plot_metrics.py ours/metrics.jsonl torch/metrics.jsonl --labels ours,torch -o a.png
 
-Reads the per-epoch JSON lines that train.py (``src/callbacks.py``, ``TrainMonitor``) and
+Reads the per-epoch JSON lines that train.py (``src/training/callbacks.py``, ``TrainMonitor``) and
 ``benchmarks/torch_reference_train.py`` write (keys ``epoch``, ``loss``, ``lr``, and ``top1`` on
 epochs that were evaluated) and draws one PNG of three panels, one line per run, each run
 labelled (default label: the name of the folder holding its metrics.jsonl). Needs matplotlib

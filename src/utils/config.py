@@ -13,9 +13,9 @@ import re
 
 import yaml
 
-from src.errors import UserError
+from src.utils.errors import UserError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = os.path.join(ROOT, "config.yaml")
 TRUE_WORDS = {"true", "yes", "1", "on"}
 FALSE_WORDS = {"false", "no", "0", "off"}

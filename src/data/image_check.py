@@ -16,8 +16,8 @@ import re
 
 from PIL import Image
 
-from src.errors import MissingFileError, UserError
-from src.progress import Progress
+from src.utils.errors import MissingFileError, UserError
+from src.utils.progress import Progress
 
 LOGGER = logging.getLogger(__name__)
 _CHECKED = {}  # realpath -> (class names, whether file contents were checked)
@@ -97,7 +97,7 @@ def check_image_folder(data_path, check_content=True):
 
     Files that are not images by extension (.txt, .DS_Store, .gif, ...) are skipped by the
     reader: one warning names them with their count. Greyscale, CMYK and PNG images decode to RGB.
-    A content check of a large folder shows progress (``src.progress``).
+    A content check of a large folder shows progress (``src.utils.progress``).
 
     Args:
         data_path (str): Root folder with one sub-folder of images per class.

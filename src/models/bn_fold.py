@@ -62,7 +62,7 @@ def fold_batchnorm(net):
     statistics to train.
 
     Args:
-        net (nn.Cell): a network in the torchvision layout (``src.resnet``), weights loaded.
+        net (nn.Cell): a network in the torchvision layout (``src.models.resnet``), weights loaded.
 
     Returns:
         int: the number of BatchNorm cells folded.

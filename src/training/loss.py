@@ -60,7 +60,7 @@ class SoftTargetCrossEntropy(nn.LossBase):
     """Softmax cross-entropy against soft (probability) targets, as timm's
     ``SoftTargetCrossEntropy``: ``-sum_k target_k * log_softmax(logits)_k`` per sample.
 
-    For the mixed targets of ``src.mixing.BatchMixer``, which already carry the label
+    For the mixed targets of ``src.data.mixing.BatchMixer``, which already carry the label
     smoothing (as in timm, where ``Mixup`` smooths and this loss does not). Equals
     ``torch.nn.functional.cross_entropy(logits, target)`` with probability targets.
 
@@ -96,7 +96,7 @@ class BinaryCrossEntropy(nn.LossBase):
     Hard labels become smoothed one-hot targets, off value eps / K and on value
     1 - eps + eps / K (timm's convention, the same values as ``CrossEntropySmooth``), each
     class then being an independent binary target. Soft targets (e.g.
-    from ``src.mixing.BatchMixer``) are used as they are: their smoothing is already in.
+    from ``src.data.mixing.BatchMixer``) are used as they are: their smoothing is already in.
     With ``target_threshold`` t, targets become ``1.0 if target > t else 0.0`` (timm's
     ``target.gt(t)``). The loss is ``binary_cross_entropy_with_logits`` without weights, the
     same as ``torch.nn.BCEWithLogitsLoss()``; ``mean`` averages over all N * K elements.

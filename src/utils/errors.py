@@ -1,7 +1,7 @@
 """Errors caused by the user's input: the only ones an entry point reports as one line.
 
 Every check of a config value, a path, a data folder or a checkpoint raises a subclass of
-``UserError``; ``src.cli.run_entry_point`` prints its message and exits with status 2. Any
+``UserError``; ``src.utils.cli.run_entry_point`` prints its message and exits with status 2. Any
 other exception (a bug here, a failure inside MindSpore or numpy) keeps its traceback.
 """
 

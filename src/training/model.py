@@ -7,10 +7,10 @@ import mindspore as ms
 import mindspore.nn as nn
 from mindspore.train import Model
 
-from src.loss import CrossEntropySmooth, create_loss
-from src.optimizer import create_optimizer
-from src.precision import loss_scale_setup
-from src.train_step import TrainStep, WeightEma
+from src.training.loss import CrossEntropySmooth, create_loss
+from src.training.optimizer import create_optimizer
+from src.training.precision import loss_scale_setup
+from src.training.train_step import TrainStep, WeightEma
 
 
 def classification_metrics(class_num):
@@ -27,7 +27,7 @@ def build_model(cfg, net, lr, amp_level):
             accumulation, loss-scale and label-smoothing keys).
         net (nn.Cell): The network (fp32 parameters).
         lr (numpy.ndarray or float): LR per optimizer step (``create_lr``) or a constant.
-        amp_level (str): The resolved AMP level (``src.precision.resolve_amp_level``).
+        amp_level (str): The resolved AMP level (``src.training.precision.resolve_amp_level``).
 
     Returns:
         tuple: (``Model`` whose ``train_network`` is the ``TrainStep`` and whose eval network

@@ -22,7 +22,7 @@ docs, performance/model-optimizations/quantization, and ``quantize_static``'s do
 The calibration images come from class folders (the training data), taken evenly over the
 classes in a fixed order, preprocessed exactly as in eval (``preprocess_images``) and fed in
 batches of the exported batch size (the graph's batch dimension is fixed). The result runs in
-ONNX Runtime like any other ``.onnx`` (``src.inference.load_onnx``): float32 images (N, 3, H,
+ONNX Runtime like any other ``.onnx`` (``src.deploy.inference.load_onnx``): float32 images (N, 3, H,
 W) in, float32 logits (N, class_num) out.
 """
 import importlib
@@ -32,11 +32,11 @@ import tempfile
 
 import numpy as np
 
-from src.config import ConfigError
-from src.errors import MissingFileError
-from src.image_check import METADATA_PREFIX, is_image_name
-from src.inference import chunks, preprocess_images
-from src.progress import Progress
+from src.data.image_check import METADATA_PREFIX, is_image_name
+from src.deploy.inference import chunks, preprocess_images
+from src.utils.config import ConfigError
+from src.utils.errors import MissingFileError
+from src.utils.progress import Progress
 
 LOGGER = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def onnx_input_name(path):
 
 def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize):
     """Quantize an exported float32 ONNX model to ``out_path``, calibrated on ``paths``, with
-    progress (``src.progress``); the file appears whole or not at all (written in a temporary
+    progress (``src.utils.progress``); the file appears whole or not at all (written in a temporary
     folder beside it, then renamed).
 
     Args:

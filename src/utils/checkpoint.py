@@ -12,17 +12,18 @@ import re
 
 import mindspore as ms
 
-from src.errors import MissingFileError, UserError
+from src.utils.errors import MissingFileError, UserError
 
 CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
 CONFIG_KEY = "run_config"
 METADATA_KEYS = (STEP_KEY, CONFIG_KEY)
-EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.train_step names them
+EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Names Model.train's training cell adds to the network's: optimizer state and counters.
 # Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
-# ``lamb_m.``/``lamb_v.``; the weight EMA (``src.train_step``): ``ema.`` and ``ema_updates``.
+# ``lamb_m.``/``lamb_v.``; the weight EMA (``src.training.train_step``): ``ema.`` and
+# ``ema_updates``.
 TRAINING_STATE_PREFIXES = ("moments.", "accum.", "adam_m.", "adam_v.", "lamb_m.", "lamb_v.",
                            "beta1_power", "beta2_power", "learning_rate", "global_step",
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",

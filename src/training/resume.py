@@ -10,12 +10,21 @@ import os
 
 import mindspore as ms
 
-from src.checkpoint import (METADATA_KEYS, CheckpointError, checkpoint_name, compare,
-                            is_resumable, periodic_checkpoints, position_of, read_checkpoint,
-                            stored_config, stored_step)
-from src.config import ConfigError
-from src.errors import UserError
-from src.lr_schedule import LR_KEYS
+from src.training.lr_schedule import LR_KEYS
+from src.utils.checkpoint import (
+    METADATA_KEYS,
+    CheckpointError,
+    checkpoint_name,
+    compare,
+    is_resumable,
+    periodic_checkpoints,
+    position_of,
+    read_checkpoint,
+    stored_config,
+    stored_step,
+)
+from src.utils.config import ConfigError
+from src.utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the config

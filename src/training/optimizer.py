@@ -91,7 +91,7 @@ class _BiasCorrectedAdam(nn.Optimizer):
     training checkpoints with the moments.
 
     Subclasses set ``TRUST_RATIO`` (bool) and ``MOMENT_PREFIXES`` (names of the first and
-    second moments' parameter copies, listed as optimizer state in ``src.checkpoint``).
+    second moments' parameter copies, listed as optimizer state in ``src.utils.checkpoint``).
 
     Args:
         params (Union[list[Parameter], list[dict]]): Parameters or groups, as for ``nn.Optimizer``.

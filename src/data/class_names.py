@@ -1,9 +1,9 @@
 """Class-name files: one name per line, or ``index<TAB>wnid<TAB>name`` (ImageNet list)."""
 import os
 
-from src.errors import MissingFileError
+from src.utils.errors import MissingFileError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGENET_CLASSES = os.path.join(ROOT, "data", "imagenet_classes.tsv")
 # Label order of the CIFAR-10 binary release (batches.meta.txt).
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",

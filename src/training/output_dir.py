@@ -4,7 +4,7 @@ import glob
 import os
 import time
 
-from src.errors import OutputDirError
+from src.utils.errors import OutputDirError
 
 RECORDS = "metrics.jsonl"
 RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt")

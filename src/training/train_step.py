@@ -11,7 +11,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore import Parameter, ParameterTuple, Tensor
 
-from src.checkpoint import EMA_COUNTER, EMA_PREFIX
+from src.utils.checkpoint import EMA_COUNTER, EMA_PREFIX
 
 EMA_WARMUP_POWER = 2.0 / 3.0
 

@@ -40,7 +40,7 @@ import time
 import mindspore as ms
 from mindspore.train import Callback
 
-from src.config import ConfigError
+from src.utils.config import ConfigError
 
 CONFIG_KEY = "profile_steps"
 TOP_OPS = 10
@@ -236,7 +236,7 @@ class ProfileSteps(Callback):
         last_step (int): The last step it will profile.
 
     Args:
-        state (StepState): The per-step state (``src.callbacks``): ``global_step`` is the
+        state (StepState): The per-step state (``src.training.callbacks``): ``global_step`` is the
             optimizer steps done, ``steps_per_call`` (optional, default 1) the steps one call
             of the callbacks covers.
         first_step (int): First global optimizer step to profile (1-based).

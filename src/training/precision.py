@@ -2,7 +2,7 @@
 import mindspore as ms
 import mindspore.nn as nn
 
-from src.config import ConfigError
+from src.utils.config import ConfigError
 
 
 def resolve_amp_level(amp_level, device_target):
@@ -45,7 +45,7 @@ def resolve_loss_scale_type(loss_scale_type, device_target):
 
 def loss_scale_setup(amp_level, device_target, loss_scale, loss_scale_type="auto",
                      scale_factor=2.0, scale_window=1000):
-    """The loss scaling of ``TrainStep`` (``src.train_step``) under ``amp_level``.
+    """The loss scaling of ``TrainStep`` (``src.training.train_step``) under ``amp_level``.
 
     fp32 (O0): no loss scaling. GPU/Ascend: a fixed or a dynamic scale
     (``nn.DynamicLossScaleUpdateCell``: divided by ``scale_factor`` on every overflowed step,

@@ -2,7 +2,7 @@
 import os
 import sys
 
-from src.errors import UserError
+from src.utils.errors import UserError
 
 
 def run_entry_point(main, argv=None):

@@ -3,7 +3,7 @@ small values, and the all-reduce fusion check."""
 import mindspore as ms
 import numpy as np
 
-from src.config import ConfigError
+from src.utils.config import ConfigError
 
 MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
 

@@ -6,13 +6,12 @@ import os
 import mindspore as ms
 import numpy as np
 
-from src.checkpoint import load_into_network
-from src.config import ConfigError
-from src.dataset import create_transforms
-from src.errors import MissingFileError, UserError
-from src.image_check import IMAGE_EXTENSIONS, ImageFolderError
-from src.resnet import create_network
-
+from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError
+from src.data.transforms import create_transforms
+from src.models.resnet import create_network
+from src.utils.checkpoint import load_into_network
+from src.utils.config import ConfigError
+from src.utils.errors import MissingFileError, UserError
 
 LOGGER = logging.getLogger(__name__)
 

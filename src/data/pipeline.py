@@ -1,0 +1,184 @@
+"""Image classification input pipelines on ``mindspore.dataset``.
+
+Factory in the style of MindCV: ``create_dataset`` builds the source, the maps and the
+batching (the per-image ops come from ``create_transforms``).
+
+- ``imagefolder``: ``ImageFolderDataset``, one sub-folder per class (ImageNet train/val
+  layout; also CIFAR-10 stored as JPEG class folders). Labels are the indices of the
+  class folders in sorted order.
+- ``cifar10``: ``Cifar10Dataset`` over the binary release (``data_batch_1..5.bin`` for
+  training, ``test_batch.bin`` for eval); its uint32 labels are cast to int32.
+
+Output columns: ``image`` float32 (N, 3, image_size, image_size), normalized with the
+ImageNet mean/std from pixels in [0, 255]; ``label`` int32 (N,) (or what ``batch_transform``
+returns).
+
+Training augmentations beyond crop + flip are off by default (the pipelines are then the same,
+bit for bit, as without them): ``auto_augment`` (TrivialAugment wide, RandAugment, AutoAugment)
+and ``random_erasing``; ``batch_transform`` hooks a batch-mixing op (mixup / cutmix) into the
+batching. How they differ from torchvision's, and why TrivialAugment and RandAugment are built
+here from MindSpore's single ops: docs/augmentations.md. The per-image ops are
+``src.data.transforms``, the augmentation policies ``src.data.augment``.
+"""
+import os
+
+import mindspore as ms
+import mindspore.dataset as ds
+import mindspore.dataset.transforms as transforms
+import numpy as np
+
+from src.data.augment import check_augment_args
+from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError, check_image_folder
+from src.data.transforms import create_transforms
+from src.utils.errors import MissingFileError
+
+CIFAR10_TRAIN_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)]
+CIFAR10_TEST_FILES = ["test_batch.bin"]
+CIFAR10_RECORDS_PER_FILE = 10000
+CIFAR10_RECORD_BYTES = 1 + 32 * 32 * 3  # label byte + 3 colour planes
+
+
+def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
+                   image_size=224, eval_resize=256, crop_scale=(0.08, 1.0), num_parallel_workers=4,
+                   num_shards=None, shard_id=None, drop_remainder=None, shuffle=None,
+                   check_images=True, auto_augment="none", randaugment_num_ops=2,
+                   randaugment_magnitude=9, random_erasing=0.0, batch_transform=None):
+    """Build a batched classification dataset.
+
+    The augmentation arguments (``auto_augment`` to ``batch_transform``) apply to training
+    only: they are checked for eval too, but the eval pipeline is the same with or without
+    them.
+
+    Args:
+        data_path (str): Class-folder root (``imagefolder``) or folder of the CIFAR-10
+            ``.bin`` files (``cifar10``).
+        is_training (bool): Random augmentation, shuffling and dropping of the last
+            partial batch; eval never shuffles and keeps every image.
+        dataset (str): ``imagefolder`` or ``cifar10``.
+        batch_size (int): Images per batch on this device (per-device batch).
+        image_size (int): Output crop size, pixels.
+        eval_resize (int): Eval resize of the shorter side, pixels.
+        crop_scale (tuple(float, float)): Train random crop area range (fraction).
+        num_parallel_workers (int): Worker threads for reading and mapping; capped at the
+            number of CPUs (MindSpore rejects more).
+        num_shards (int, optional): Number of data-parallel shards (devices).
+        shard_id (int, optional): This device's shard, in [0, num_shards).
+        drop_remainder (bool, optional): Drop the last partial batch; default: is_training.
+        shuffle (bool, optional): Shuffle the order; default: is_training.
+        check_images (bool): ``imagefolder``: check every file before reading
+            (``src.data.image_check``); the folder layout is always checked.
+        auto_augment (str): Train only: per-image policy, as ``create_transforms``.
+        randaugment_num_ops (int): Train only: as ``create_transforms``.
+        randaugment_magnitude (int): Train only: as ``create_transforms``.
+        random_erasing (float): Train only: erasing probability, as ``create_transforms``.
+        batch_transform (callable, optional): Train only: ``f(images, labels, batch_info)
+            -> (images, targets)`` run on every batch (``Dataset.batch``'s ``per_batch_map``),
+            e.g. mixup / cutmix. It gets numpy ``images`` float32 (N, 3, image_size,
+            image_size), normalized, and ``labels`` int32 (N,), plus MindSpore's
+            ``BatchInfo`` (``get_batch_num()``, ``get_epoch_num()``); its outputs become the
+            ``image`` and ``label`` columns, their dtypes and shapes as returned. It runs in
+            one worker, batch by batch in order, so a callable seeding its own random state
+            (e.g. from the batch number) stays deterministic. ``drop_remainder`` applies
+            before it.
+
+    Returns:
+        mindspore.dataset.Dataset: columns ``image`` float32 (batch, 3, image_size,
+        image_size) and ``label`` int32 (batch,), or as ``batch_transform`` returns.
+
+    Raises:
+        MissingFileError: If ``data_path`` is not a folder, holds no class folders, or the
+            CIFAR-10 files are missing.
+        ValueError: If ``dataset`` is unknown, ``batch_size`` is not positive, or an
+            augmentation argument is invalid (as ``create_transforms``).
+        ImageFolderError: Naming empty class folders, corrupt, truncated or macOS metadata
+            files, or a short CIFAR-10 file.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    if batch_transform is not None and not callable(batch_transform):
+        raise ValueError(f"batch_transform must be callable, got {batch_transform!r}")
+    check_augment_args(auto_augment, randaugment_num_ops, randaugment_magnitude, random_erasing)
+    if dataset not in DATASET_READERS:
+        raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASET_READERS)}")
+    if not os.path.isdir(data_path):
+        raise MissingFileError(f"data_path {data_path!r} is not a folder")
+    shuffle = is_training if shuffle is None else shuffle
+    num_parallel_workers = max(1, min(num_parallel_workers, os.cpu_count() or 1))
+    drop_remainder = is_training if drop_remainder is None else drop_remainder
+    source, decoded = DATASET_READERS[dataset](
+        data_path, is_training, check_images, shuffle=shuffle,
+        num_parallel_workers=num_parallel_workers, num_shards=num_shards, shard_id=shard_id)
+    image_ops = create_transforms(is_training, image_size, eval_resize, decoded, crop_scale,
+                                  auto_augment, randaugment_num_ops, randaugment_magnitude,
+                                  random_erasing)
+    data = source.map(operations=image_ops, input_columns="image",
+                      num_parallel_workers=num_parallel_workers)
+    data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
+                    num_parallel_workers=num_parallel_workers)
+    if is_training and batch_transform is not None:
+        return data.batch(batch_size, drop_remainder=drop_remainder,
+                          per_batch_map=StackedBatchMap(batch_transform),
+                          input_columns=["image", "label"], output_columns=["image", "label"],
+                          num_parallel_workers=1)
+    return data.batch(batch_size, drop_remainder=drop_remainder)
+
+
+class StackedBatchMap:
+    """``per_batch_map`` adapter: MindSpore hands each column over as a list of per-image
+    arrays; ``batch_transform`` gets them stacked.
+
+    Args:
+        batch_transform (callable): ``f(images, labels, batch_info) -> (images, targets)``
+            with numpy ``images`` float32 (N, 3, H, W) and ``labels`` int32 (N,); it may
+            return arrays (batched as they are) or lists of per-image arrays.
+    """
+
+    def __init__(self, batch_transform):
+        self.batch_transform = batch_transform
+
+    def __call__(self, images, labels, batch_info):
+        images, targets = self.batch_transform(np.stack(images), np.stack(labels), batch_info)
+        return images, targets
+
+
+def count_images(data_path, is_training, dataset="imagefolder"):
+    """Number of images a (train or eval) split holds, without decoding any.
+
+    Raises:
+        MissingFileError: As ``create_dataset``.
+    """
+    if not os.path.isdir(data_path):
+        raise MissingFileError(f"data_path {data_path!r} is not a folder")
+    source, _ = DATASET_READERS[dataset](data_path, is_training, False, shuffle=False)
+    return source.get_dataset_size()
+
+
+def _image_folder(data_path, is_training, check_images, **kwargs):
+    del is_training  # the same folder layout serves train and eval
+    check_image_folder(data_path, check_content=check_images)
+    return ds.ImageFolderDataset(data_path, extensions=IMAGE_EXTENSIONS, **kwargs), False
+
+
+def _cifar10_binary(data_path, is_training, check_images, **kwargs):
+    del check_images  # fixed-size records: the file sizes are the check
+    names = CIFAR10_TRAIN_FILES if is_training else CIFAR10_TEST_FILES
+    missing = [n for n in names if not os.path.isfile(os.path.join(data_path, n))]
+    if missing:
+        raise MissingFileError(f"CIFAR-10 binary folder {data_path!r} lacks {missing}")
+    expected = CIFAR10_RECORDS_PER_FILE * CIFAR10_RECORD_BYTES
+    sizes = {n: os.path.getsize(os.path.join(data_path, n)) for n in names}
+    short = [f"{n} ({size} bytes)" for n, size in sizes.items() if size != expected]
+    if short:
+        raise ImageFolderError(f"CIFAR-10 binary folder {data_path!r}: {', '.join(short)}; each "
+                               f"file must hold {CIFAR10_RECORDS_PER_FILE} records of "
+                               f"{CIFAR10_RECORD_BYTES} bytes ({expected} bytes)")
+    usage = "train" if is_training else "test"
+    return ds.Cifar10Dataset(data_path, usage=usage, **kwargs), True
+
+
+DATASET_READERS = {"imagefolder": _image_folder, "cifar10": _cifar10_binary}
+
+
+def class_names_of(data_path):
+    """Class names of an ImageFolder root, in label order (sorted sub-folder names)."""
+    return check_image_folder(data_path, check_content=False)

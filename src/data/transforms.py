@@ -1,0 +1,71 @@
+"""Per-image transforms of the ResNet recipe: random resized crop and flip for training, resize
+and center crop for evaluation, ImageNet normalization (torchvision / NVIDIA ImageNet).
+
+The training policies beyond crop and flip (TrivialAugment, RandAugment, AutoAugment, random
+erasing) live in ``src.data.augment``; ``create_transforms`` puts them in torchvision's order.
+"""
+import mindspore.dataset.vision as vision
+
+from src.data.augment import RandomErasing, auto_augment_ops, check_augment_args
+
+# ImageNet mean / std of torchvision and NVIDIA, in units of 0-255 pixel values.
+IMAGENET_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+IMAGENET_STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+
+def create_transforms(is_training, image_size=224, eval_resize=256, decoded=False,
+                      crop_scale=(0.08, 1.0), auto_augment="none", randaugment_num_ops=2,
+                      randaugment_magnitude=9, random_erasing=0.0):
+    """Per-image transforms of the ResNet recipe (torchvision / NVIDIA ImageNet).
+
+    Train: random resized crop (area ``crop_scale``, default 0.08-1, aspect ratio 3/4-4/3,
+    bilinear) fused with the JPEG decode (OpenCV, C++), random horizontal flip, the
+    ``auto_augment`` policy (on the uint8 HWC RGB crop, pixels 0-255), normalize, HWC -> CHW,
+    then random erasing (on the normalized float32 CHW tensor): torchvision's order in its
+    reference recipe (``references/classification/presets.py``).
+    Eval: decode to a PIL image, resize the shorter side to ``eval_resize`` with PIL's
+    antialiased bilinear filter, center crop ``image_size``, normalize, HWC -> CHW: the same
+    pixels as torchvision's ``Resize(256)``/``CenterCrop(224)`` on PIL images (OpenCV's bilinear
+    resize has no antialiasing and differs by 3.7 of 255 on average). Greyscale and CMYK
+    JPEGs decode to 3-channel RGB. The augmentation arguments are checked but ignored for eval.
+
+    Args:
+        is_training (bool): Training (random) or eval (deterministic) transforms.
+        image_size (int): Output height and width, pixels.
+        eval_resize (int): Eval only: shorter side before the center crop, pixels.
+        decoded (bool): Input is already a decoded HWC uint8 image (CIFAR-10 binary), not
+            encoded bytes.
+        crop_scale (tuple(float, float)): Train only: random crop area range, as a fraction
+            of the image area.
+        auto_augment (str): Train only: ``none`` (default), ``trivialaugment_wide``
+            (Müller & Hutter 2021, "TrivialAugment"), ``randaugment`` (Cubuk et al. 2020,
+            "RandAugment") or ``autoaugment`` (Cubuk et al. 2019, "AutoAugment", ImageNet
+            policy); see ``auto_augment_ops``.
+        randaugment_num_ops (int): ``randaugment`` only: ops applied per image, 0-3.
+        randaugment_magnitude (int): ``randaugment`` only: magnitude bin, 0-30 of 31.
+        random_erasing (float): Train only: probability of erasing one rectangle of the
+            normalized image with standard normal noise (Zhong et al. 2020, "Random Erasing
+            Data Augmentation"); 0 (default) adds no op. See ``RandomErasing``.
+
+    Returns:
+        list: MindSpore transforms (and ``RandomErasing``, a Python callable), input encoded
+        bytes (or uint8 HWC RGB), output float32 CHW. Apply them in a pipeline
+        (``Dataset.map``) or one by one.
+
+    Raises:
+        ValueError: If ``auto_augment`` is unknown (lists the valid names), the RandAugment
+            arguments are out of range, or ``random_erasing`` is not in [0, 1].
+    """
+    check_augment_args(auto_augment, randaugment_num_ops, randaugment_magnitude, random_erasing)
+    normalize = [vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD), vision.HWC2CHW()]
+    if is_training:
+        crop_args = dict(scale=tuple(crop_scale), ratio=(3.0 / 4.0, 4.0 / 3.0))
+        crop = (vision.RandomResizedCrop(image_size, **crop_args) if decoded
+                else vision.RandomCropDecodeResize(image_size, **crop_args))
+        policy = auto_augment_ops(auto_augment, image_size, randaugment_num_ops,
+                                  randaugment_magnitude)
+        erasing = [RandomErasing(random_erasing)] if random_erasing > 0 else []
+        return [crop, vision.RandomHorizontalFlip(prob=0.5)] + policy + normalize + erasing
+    to_pil = vision.ToPIL() if decoded else vision.Decode(to_pil=True)
+    return [to_pil, vision.Resize(eval_resize, vision.Inter.BILINEAR),
+            vision.CenterCrop(image_size), vision.ToNumpy()] + normalize

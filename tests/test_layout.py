@@ -1,0 +1,121 @@
+"""The package layout: ``src.env`` loads alone, imports go one way between the packages of
+``src/`` (entry points -> training / deploy -> data / models -> utils), no import cycles, and
+each package exports its ``create_*`` entry points."""
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Layer of each package of src/: a module may import its own package and lower layers only.
+LAYERS = {"env": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2}
+
+
+def src_modules():
+    """{dotted module name: path} of every module under src/."""
+    found = {}
+    for folder, _, files in os.walk(os.path.join(ROOT, "src")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def src_imports(path):
+    """The ``src.*`` modules a file imports (module level and inside functions)."""
+    names = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("src."):
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("src."))
+    return names
+
+
+def package_of(module):
+    return module.split(".")[1]
+
+
+def layering_violations(modules):
+    """``importer -> imported`` pairs that go up a layer or sideways to another package."""
+    bad = []
+    for module, path in modules.items():
+        if module == "src":
+            continue
+        own = package_of(module)
+        for target in src_imports(path):
+            other = package_of(target)
+            if other != own and LAYERS[other] >= LAYERS[own]:
+                bad.append(f"{module} -> {target}")
+    return bad
+
+
+def import_cycles(modules):
+    """Cycles in the module-level ``src`` import graph, each as a list of modules."""
+    graph = {m: {t for t in src_imports(p) if t in modules} for m, p in modules.items()}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return cycles
+
+
+def test_every_package_has_a_layer_and_imports_go_one_way():
+    modules = src_modules()
+    assert {package_of(m) for m in modules if m != "src"} == set(LAYERS)
+    assert layering_violations(modules) == []
+
+
+def test_a_module_importing_up_a_layer_is_found(tmp_path):
+    # The check itself: a data module that imports training is a violation.
+    fake = tmp_path / "bad.py"
+    fake.write_text("from src.training.loss import create_loss\n")
+    assert layering_violations({"src.data.bad": str(fake)}) == [
+        "src.data.bad -> src.training.loss"]
+
+
+def test_no_import_cycles():
+    assert import_cycles(src_modules()) == []
+
+
+def test_a_cycle_is_found(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from src.utils.b import x\n")
+    b.write_text("import src.utils.a\n")
+    assert import_cycles({"src.utils.a": str(a), "src.utils.b": str(b)}) == [
+        ["src.utils.a", "src.utils.b", "src.utils.a"]]
+
+
+def test_src_env_loads_no_mindspore_and_sets_the_onednn_cap():
+    code = ("import os, sys; os.environ.pop('ONEDNN_MAX_CPU_ISA', None); import src.env; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('mindspore', 'numpy', 'src.utils'))); print(os.environ['ONEDNN_MAX_CPU_ISA'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "AVX2"
+
+
+@pytest.mark.parametrize("package, entry_points", [
+    ("src.data", ["create_dataset", "create_transforms"]),
+    ("src.models", ["create_network"]),
+    ("src.training", ["build_model", "create_loss", "create_lr", "create_optimizer"]),
+    ("src.deploy", ["load_network", "load_predictor"])])
+def test_packages_export_their_entry_points(package, entry_points):
+    module = __import__(package, fromlist=entry_points)
+    assert sorted(module.__all__) == entry_points
+    assert all(callable(getattr(module, name)) for name in entry_points)
+    assert module.__doc__ and len(module.__doc__.strip().splitlines()) <= 6
