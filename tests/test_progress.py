@@ -5,7 +5,7 @@ import os
 
 import mindspore as ms
 
-from src import image_check
+from src.data import image_check
 from src.models.resnet import create_network
 from src.utils.progress import Progress, format_eta
 from tests.helpers import ROOT, copy_class_folders, run_entry
