@@ -14,6 +14,7 @@ a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/uti
 ``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
 
 # isort: split
 
@@ -24,7 +25,7 @@ import time
 import mindspore as ms
 import mindspore.nn as nn
 
-from src.data.image_check import readable_pipeline_errors
+from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.deploy.inference import load_predictor
 from src.models.resnet import create_network
@@ -32,6 +33,7 @@ from src.training.loss import CrossEntropySmooth
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
+from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
@@ -83,9 +85,9 @@ def benchmark_inference(cfg):
     no files. Returns 0."""
     if cfg.checkpoint_path:
         predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
-                                 cfg.batch_size, cfg.use_ema)
+                                 cfg.batch_size, cfg.use_ema, cfg.device_target)
     else:
-        net = create_network(cfg.net_name, cfg.class_num)
+        net = create_network(cfg.net_name, cfg.class_num, device_target=cfg.device_target)
         net.set_train(False)
         predict = lambda x: net(ms.Tensor(x)).asnumpy()  # noqa: E731
     images, _ = synthetic_batch(cfg.batch_size, cfg.eval_image_size, cfg.class_num)
@@ -111,11 +113,13 @@ def check_data_classes(cfg):
 def main(argv=None):
     """Evaluate as configured by ``argv``; print and write the result; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    set_max_image_pixels(cfg.max_image_pixels)
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
     if cfg.benchmark_steps:
         setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return benchmark_inference(cfg)
     check_data_classes(cfg)
+    check_output_dir(cfg.output_dir)  # before the evaluation, not after it
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
@@ -125,7 +129,7 @@ def main(argv=None):
                              check_images=cfg.check_images)
     total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
     predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
-                             cfg.use_ema)
+                             cfg.use_ema, cfg.device_target)
 
     start = time.time()
     with readable_pipeline_errors(), Progress(total, "eval") as progress:
@@ -136,10 +140,8 @@ def main(argv=None):
               "top1": result["top1"], "top5": result["top5"],
               "loss": result["loss"], "time_s": round(seconds, 2)}
     print(json.dumps(report, indent=1))
-    os.makedirs(cfg.output_dir, exist_ok=True)
     out = os.path.join(cfg.output_dir, "eval_result.json")
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1)
+    atomic_write_text(out, json.dumps(report, indent=1))
     print(f"top-1 {report['top1']:.4f}  top-5 {report['top5']:.4f} over {report['images']} "
           f"images; written to {out}")
     return 0

@@ -13,6 +13,7 @@ ONNX files run in ONNX Runtime (in requirements.txt; the fastest on CPU). A fold
 as each batch is done, progress to stderr (a bar on a terminal, lines otherwise).
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
 
 # isort: split
 
@@ -23,6 +24,7 @@ import sys
 import numpy as np
 
 from src.data.class_names import default_class_names_path, read_class_names
+from src.data.image_check import set_max_image_pixels
 from src.deploy.inference import chunks, list_images, load_predictor, preprocess_images, softmax
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -48,6 +50,14 @@ def class_names_for(cfg, class_num):
         raise ConfigError(f"class names file {path} lists {len(names)} names but the model has "
                           f"{class_num} classes")
     return names
+
+
+def check_class_count(cfg, outputs):
+    """Raise ``ConfigError`` unless the model's ``outputs`` classes are ``cfg.class_num`` (an
+    exported file carries its own class count: the names would not match)."""
+    if outputs != cfg.class_num:
+        raise ConfigError(f"{cfg.checkpoint_path} outputs {outputs} classes but class_num is "
+                          f"{cfg.class_num}: pass --class_num {outputs}")
 
 
 def predict_in_batches(predict, paths, batch_size, image_size, eval_resize):
@@ -87,6 +97,7 @@ def top_classes(probs, names, top_k):
 def main(argv=None):
     """Predict as configured by ``argv``; print one JSON line per image; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    set_max_image_pixels(cfg.max_image_pixels)
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
@@ -99,12 +110,14 @@ def main(argv=None):
 
     paths = list_images(cfg.image_path)
     predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
-                             cfg.use_ema)
+                             cfg.use_ema, cfg.device_target)
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,
                                                cfg.eval_resize):
-            names = names or class_names_for(cfg, probs.shape[1])
+            if names is None:
+                check_class_count(cfg, probs.shape[1])
+                names = class_names_for(cfg, probs.shape[1])
             for path, row in zip(batch, probs):
                 progress.write(json.dumps({"image": path,
                                            "top": top_classes(row, names, cfg.top_k)}))

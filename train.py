@@ -16,40 +16,49 @@ max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a check
 not be written (disk full, permission), 128 + signal number when stopped by SIGINT/SIGTERM.
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
+import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
 
 # isort: split
 
 import json
 import logging
 import os
+from types import SimpleNamespace
 
 import mindspore as ms
 import mindspore.dataset as ds
 
 from src.data.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
-from src.data.image_check import readable_pipeline_errors
+from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, create_dataset
 from src.models.resnet import create_network
-from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor, loss_value
-from src.training.evaluator import BestCheckpointEvaluator
+from src.training.callbacks import (
+    CheckpointSaver,
+    StepState,
+    StopAtStep,
+    StopSignals,
+    TrainMonitor,
+    loss_value,
+)
+from src.training.evaluator import BestCheckpointEvaluator, eval_shard
 from src.training.lr_schedule import LR_KEYS, create_lr
 from src.training.model import build_model, eval_model
-from src.training.output_dir import prepare_output_dir
+from src.training.output_dir import OutputDirLock, prepare_output_dir, trim_records
 from src.training.precision import resolve_amp_level, resolve_loss_scale_type
 from src.training.profiler import ProfileSteps, parse_profile_steps
 from src.training.resume import (
     NOT_REQUIRED,
     agree_across_ranks,
-    check_same_recipe,
     epoch_seed,
     find_resume_checkpoint,
     restore_training_state,
 )
-from src.utils.checkpoint import load_into_network, own_checkpoints
+from src.utils.checkpoint import load_into_network, own_checkpoints, remove_stale_partials
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.device import all_gather_int, check_fusion_config, init_distributed, setup_device
+from src.utils.device import all_gather_int, apply_fusion_config, init_distributed, setup_device
+from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
 
@@ -65,6 +74,23 @@ def check_train_config(cfg):
     if cfg.run_eval and not cfg.eval_data_path:
         raise ConfigError("run_eval is true but eval_data_path is empty")
     parse_profile_steps(cfg.profile_steps)
+    side = last_feature_map_side(cfg.train_image_size)
+    if cfg.batch_size * side * side < 2:
+        raise ConfigError(f"batch_size {cfg.batch_size} at train_image_size "
+                          f"{cfg.train_image_size}: the last stage's feature map is {side}x{side}"
+                          f", so its BatchNorm layers would see one value per channel (variance "
+                          f"undefined, the running statistics become NaN); use batch_size 2 or "
+                          f"more, or a train_image_size above 32")
+
+
+def last_feature_map_side(image_size):
+    """Side of ResNet's last feature map (``layer4``) for square inputs of ``image_size``
+    pixels: the stem convolution, the max-pool and ``layer2``-``layer4`` each halve it,
+    rounding up (stride 2, "same"-like padding)."""
+    side = image_size
+    for _ in range(5):
+        side = -(-side // 2)
+    return side
 
 
 def resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log):
@@ -116,9 +142,9 @@ def epoch_dataset(cfg, epoch, skip_steps, train_args, shards):
     check ran when the first pipeline was built (``src.data.image_check`` checks a folder once)."""
     seed = epoch_seed(cfg.seed, epoch)
     ds.config.set_seed(seed)
-    data = create_dataset(cfg.data_path, is_training=True, **train_args, **shards,
-                          batch_transform=batch_mixer(cfg, seed))
-    return data.skip(skip_steps) if skip_steps else data
+    dataset = create_dataset(cfg.data_path, is_training=True, **train_args, **shards,
+                             batch_transform=batch_mixer(cfg, seed))
+    return dataset.skip(skip_steps) if skip_steps else dataset
 
 
 def resolve_sink_size(cfg, steps_per_epoch):
@@ -130,7 +156,10 @@ def resolve_sink_size(cfg, steps_per_epoch):
             runs no sink mode there (it logs that and trains step by step, each "epoch" a
             whole pass of the data), so the sink calls would not be what they claim. Also in
             PyNative mode, where ``Model.train`` calls the step callbacks once per step even
-            in sink mode, so a callback would not end ``sink_size`` steps.
+            in sink mode, so a callback would not end ``sink_size`` steps. In sink mode, for
+            a ``sink_size`` larger than an epoch or one that does not divide it (epochs must
+            end on call boundaries: the epoch's record, evaluation and checkpoint happen
+            there); the message names both numbers and the divisors nearest.
     """
     if cfg.dataset_sink_mode == "true" and cfg.device_target == "CPU":
         raise ConfigError("dataset_sink_mode true: MindSpore has no dataset sink mode on CPU "
@@ -142,31 +171,37 @@ def resolve_sink_size(cfg, steps_per_epoch):
     sink = cfg.dataset_sink_mode == "true" or (cfg.dataset_sink_mode == "auto"
                                                and cfg.device_target != "CPU"
                                                and cfg.mode == "GRAPH")
-    return (cfg.sink_size or steps_per_epoch) if sink else 0
+    if not sink:
+        return 0
+    sink_size = cfg.sink_size or steps_per_epoch
+    if sink_size > steps_per_epoch:
+        raise ConfigError(f"sink_size {sink_size} is larger than an epoch ({steps_per_epoch} "
+                          f"steps per device): use at most {steps_per_epoch}, or 0 for one "
+                          f"epoch per call")
+    if steps_per_epoch % sink_size:
+        divisors = [d for d in range(1, steps_per_epoch + 1) if steps_per_epoch % d == 0]
+        near = sorted(divisors, key=lambda d: abs(d - sink_size))[:2]
+        raise ConfigError(f"sink_size {sink_size} does not divide an epoch of "
+                          f"{steps_per_epoch} steps: epochs must end on a sink call; use a "
+                          f"divisor such as {' or '.join(map(str, sorted(near)))}, or 0 for one "
+                          f"epoch per call")
+    return sink_size
 
 
-def epoch_calls(remaining, sink_size):
-    """How the ``remaining`` steps of an epoch run: a list of (steps, sink size or 0 for step
-    by step). In sink mode the steps short of a whole sink call (a ``sink_size`` that does not
-    divide the epoch, or a run resumed from a checkpoint of step-by-step training) run step by
-    step first, so every later call ends on the same steps as in an uninterrupted run."""
-    if not sink_size:
-        return [(remaining, 0)]
-    head = remaining % sink_size
-    return ([(head, 0)] if head else []) + ([(remaining - head, sink_size)]
-                                            if remaining > head else [])
-
-
-def build_evaluator(cfg, model, net, ema, eval_set, amp_level):
+def build_evaluator(cfg, model, net, ema, shard, amp_level, write=True):
     """``BestCheckpointEvaluator`` of the live network and, with an EMA, of the averages (in a
-    second network of the same architecture)."""
+    second network of the same architecture), on ``shard`` (``eval_shard``: in data parallel
+    this rank's part of the eval set; the counts are summed over the ranks). ``write``: this
+    process writes the best checkpoint (rank 0)."""
     ema_model = None
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
-            create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual), amp_level)
+            create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
+                           device_target=cfg.device_target), amp_level)
         ema_model = eval_model(cfg, ema_net, amp_level)
-    return BestCheckpointEvaluator(model, eval_set, os.path.join(
-        cfg.output_dir, f"{cfg.net_name}-best.ckpt"), net, ema, ema_model, cfg.best_on_ema)
+    return BestCheckpointEvaluator(model, shard, os.path.join(
+        cfg.output_dir, f"{cfg.net_name}-best.ckpt"), net, ema, ema_model, cfg.best_on_ema,
+                                   write)
 
 
 def main(argv=None):
@@ -174,19 +209,87 @@ def main(argv=None):
     (see the module docstring)."""
     # ---- config, signals (caught from here on), device ----
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    set_max_image_pixels(cfg.max_image_pixels)
     if not cfg.benchmark_steps:
         check_train_config(cfg)
     stop = StopSignals(logging.getLogger("train"))
     stop.install()
     setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
-    rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num,
-                                        cfg.all_reduce_fusion_config)
-    is_main = rank == 0
+    rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num)
     log = get_logger("train", None, rank)
     if cfg.benchmark_steps:
         return benchmark_training(cfg, device_num, log)
+    lock = lock_output_dir(cfg, rank, log)  # one run per folder, before anything is written
 
-    # ---- data ----
+    # ---- data: the training pipeline's shape, class names ----
+    data = build_data(cfg, rank, device_num)
+
+    # ---- network, LR (per optimizer step), model: loss, optimizer, TrainStep, EMA ----
+    net = build_network(cfg, device_num, log)
+    global_batch = cfg.batch_size * cfg.grad_accumulation_steps * device_num
+    lr, peak_lr = create_lr(**{k: cfg[k] for k in LR_KEYS}, global_batch_size=global_batch,
+                            steps_per_epoch=data.steps_per_epoch)
+    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
+    # on GPU/Ascend, steps whose scaled gradients overflow are skipped and counted
+    model, ema = build_model(cfg, net, lr, amp_level)
+
+    # ---- resume (the same recipe, step of the data and of the LR), then the output folder ----
+    run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log)
+    log = prepare_run_folder(cfg, run, data.class_names, rank, log)
+    log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
+                    amp_level, ema, log)
+    sink_size = resolve_sink_size(cfg, data.steps_per_epoch)
+    log.info("dataset sink mode: %s", f"{sink_size} steps per call" if sink_size else "off")
+
+    # ---- callbacks: the step state first, then the ones that read it ----
+    cbs = build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level, stop,
+                          rank, log)
+
+    # ---- train: step by step (each epoch its own pipeline) or in sink calls (one pipeline) ----
+    try:
+        with readable_pipeline_errors():
+            if sink_size:
+                train_sunk(cfg, model, data, cbs, run.start_step, sink_size, stop)
+            else:
+                train_step_by_step(cfg, model, data, cbs, run.start_step, stop)
+    finally:
+        stop.restore()
+        if cbs.profiler:
+            cbs.profiler.close()  # analyses the steps recorded before a stop
+    status = finish(cbs, stop, len(lr), cfg.output_dir, log)
+    if lock:
+        lock.release()
+    return status
+
+
+def lock_output_dir(cfg, rank, log):
+    """Take the run's output folder (rank 0: the ranks share it and only rank 0 writes):
+    checked writable, then locked for the run (``OutputDirLock``), so a second run into it
+    fails at once. Returns the lock (None on other ranks).
+
+    Raises:
+        OutputDirError: If the folder is a file, not writable, or held by another run.
+    """
+    if rank != 0:
+        return None
+    check_output_dir(cfg.output_dir)
+    lock = OutputDirLock(cfg.output_dir)
+    ended = lock.acquire()
+    if ended:
+        log.info("output_dir %s: took over the lock of an ended run (host and process id "
+                 "%s)", cfg.output_dir, ended)
+    return lock
+
+
+def build_data(cfg, rank, device_num):
+    """The training data as the run sees it: pipeline arguments (``data_args`` for eval,
+    ``train_args`` for training), data-parallel ``shards``, optimizer steps per epoch and the
+    class names (label order).
+
+    Raises:
+        ConfigError: If an epoch has no full batch, the class count is not ``class_num``, or
+            the eval folder's classes differ from the training folder's.
+    """
     data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size,
                      image_size=cfg.eval_image_size, eval_resize=cfg.eval_resize,
                      num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
@@ -207,44 +310,77 @@ def main(argv=None):
             cfg.eval_data_path) != class_names:
         raise ConfigError(f"eval_data_path {cfg.eval_data_path} has other class folders than "
                           f"data_path {cfg.data_path}: labels would not match")
+    return SimpleNamespace(data_args=data_args, train_args=train_args, shards=shards,
+                           steps_per_epoch=steps_per_epoch, class_names=class_names)
 
-    # ---- network ----
-    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
+
+def build_network(cfg, device_num, log):
+    """The configured ResNet, initialized from ``pre_trained`` if given (a classifier of
+    another class count is dropped and trained from scratch)."""
+    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
+                         device_target=cfg.device_target)
     if device_num > 1:
-        check_fusion_config(cfg.all_reduce_fusion_config, len(net.trainable_params()),
-                            cfg.net_name)
+        fusion = apply_fusion_config(cfg.all_reduce_fusion_config, len(net.trainable_params()),
+                                     cfg.net_name)
+        log.info("gradient all-reduce fused in groups split at %s of %d trainable tensors",
+                 fusion, len(net.trainable_params()))
     if cfg.pre_trained:
         dropped, _ = load_into_network(net, cfg.pre_trained, drop_mismatched_classifier=True)
         log.info("initialized from %s%s", cfg.pre_trained,
                  f"; classifier {dropped} dropped (class count differs), fc trained from "
                  f"scratch" if dropped else "")
+    return net
 
-    # ---- LR (per optimizer step), then the model: loss, optimizer, TrainStep ----
-    global_batch = cfg.batch_size * cfg.grad_accumulation_steps * device_num
-    lr, peak_lr = create_lr(**{k: cfg[k] for k in LR_KEYS}, global_batch_size=global_batch,
-                            steps_per_epoch=steps_per_epoch)
-    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
-    # on GPU/Ascend, steps whose scaled gradients overflow are skipped and counted
-    model, ema = build_model(cfg, net, lr, amp_level)
 
-    # ---- resume: the same recipe, the same step of the data and of the LR schedule ----
+def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log):
+    """Restore the training state of ``resume_ckpt`` (if any) into ``train_network``.
+
+    Returns:
+        SimpleNamespace: ``resume_path`` ("" for a fresh start), ``start_step`` (optimizer
+        steps done), ``best`` (the evaluator's best score stored in the checkpoint, or None),
+        ``config`` (the run's config as stored in its checkpoints) and
+        ``continues_here`` (the checkpoint lies in ``output_dir``: this run continues that
+        folder's run).
+
+    Raises:
+        ConfigError: If the checkpoint was trained with another recipe (unless
+            ``resume_ignore_config``) or has already trained every step.
+    """
     run_config = dict(cfg, device_num=device_num)
-    start_step = 0
-    resume_path = resume_checkpoint_path(cfg, model.train_network, steps_per_epoch, device_num,
-                                         log)
+    start_step, best = 0, None
+    resume_path = resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log)
     if resume_path:
-        start_step, stored = restore_training_state(model.train_network, resume_path)
-        if not cfg.resume_ignore_config:
-            check_same_recipe(resume_path, stored, run_config)
-        if start_step >= len(lr):
-            raise ConfigError(f"{resume_path} has already trained all {len(lr)} steps of "
+        start_step, _, best = restore_training_state(
+            train_network, resume_path, None if cfg.resume_ignore_config else run_config)
+        if start_step >= total_steps:
+            raise ConfigError(f"{resume_path} has already trained all {total_steps} steps of "
                               f"epoch_size {cfg.epoch_size}")
+    return SimpleNamespace(resume_path=resume_path, start_step=start_step, best=best,
+                           config=run_config,
+                           continues_here=bool(resume_path) and in_folder(resume_path,
+                                                                          cfg.output_dir))
 
-    # ---- output folder: one run per folder; logs, resolved config, class names ----
-    continues_here = bool(resume_path) and in_folder(resume_path, cfg.output_dir)
+
+def prepare_run_folder(cfg, run, class_names, rank, log):
+    """One run per folder (rank 0 only: the other ranks write no files and may share the
+    folder, locked by ``lock_output_dir``): refuse or move aside another run's files, remove
+    temporary files of saves that did not finish, then write the resolved config and the
+    class names. Returns the logger, now also writing ``train.log`` on rank 0.
+
+    Raises:
+        OutputDirError: If the folder holds another run's files.
+        WriteError: If the config or class names cannot be written.
+    """
+    is_main = rank == 0
     moved = None
-    if is_main:  # other ranks write no files (and may share the folder)
-        moved = prepare_output_dir(cfg.output_dir, not continues_here, cfg.overwrite)
+    if is_main:
+        moved = prepare_output_dir(cfg.output_dir, not run.continues_here, cfg.overwrite)
+        for path in remove_stale_partials(cfg.output_dir, cfg.net_name):
+            log.info("removed %s, left by a checkpoint save that did not finish", path)
+        dropped = trim_records(cfg.output_dir, run.start_step) if run.continues_here else 0
+        if dropped:
+            log.info("metrics.jsonl: dropped %d record(s) after step %d, the resumed "
+                     "checkpoint's (they are trained again)", dropped, run.start_step)
     os.makedirs(cfg.output_dir, exist_ok=True)
     log = get_logger("train", os.path.join(cfg.output_dir, "train.log") if is_main else None,
                      rank)
@@ -253,75 +389,134 @@ def main(argv=None):
         log.warning("overwrite: the earlier run's files in %s were moved to %s",
                     cfg.output_dir, moved)
     if is_main:
-        with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
-            f.write(cfg.to_yaml())
+        atomic_write_text(os.path.join(cfg.output_dir, "config.yaml"), cfg.to_yaml())
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
+    return log
+
+
+def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr, total_steps,
+                    amp_level, ema, log):
+    """The run's batch, LR, precision and resume position, in the log."""
     accumulated = cfg.grad_accumulation_steps
     log.info("global batch %d (%d per device x %d devices%s): effective peak LR %.6g (base_lr "
              "%g per %d images); %d optimizer steps per epoch, %d in all", global_batch,
              cfg.batch_size, device_num, f" x {accumulated} accumulated micro-batches"
              if accumulated > 1 else "", peak_lr, cfg.base_lr, cfg.base_lr_batch_size,
-             steps_per_epoch, len(lr))
+             steps_per_epoch, total_steps)
     log.info("amp_level %s, loss scale %s, device %s; optimizer %s, loss %s%s", amp_level,
              f"{resolve_loss_scale_type(cfg.loss_scale_type, cfg.device_target)} "
              f"{cfg.loss_scale}" if amp_level != "O0" else "none", cfg.device_target,
              cfg.optimizer, cfg.loss, f", weight EMA decay {cfg.ema_decay}" if ema else "")
-    if resume_path:
-        log.info("resumed from %s: %d steps done (epoch %d, step %d of %d)", resume_path,
-                 start_step, start_step // steps_per_epoch + 1,
-                 start_step % steps_per_epoch, steps_per_epoch)
+    if run.resume_path:
+        log.info("resumed from %s: %d steps done (epoch %d, step %d of %d)", run.resume_path,
+                 run.start_step, run.start_step // steps_per_epoch + 1,
+                 run.start_step % steps_per_epoch, steps_per_epoch)
 
-    sink_size = resolve_sink_size(cfg, steps_per_epoch)
-    log.info("dataset sink mode: %s", f"{sink_size} steps per call" if sink_size else "off")
 
-    # ---- callbacks: the step state first, then the ones that read it ----
+def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level, stop, rank,
+                    log):
+    """The callbacks of ``Model.train``, in order: the step state first, then the ones that read
+    it (signals, progress and metrics with the evaluator, checkpoints, profiler).
+
+    Returns:
+        SimpleNamespace: ``state``, ``monitor``, ``saver``, ``profiler`` (or None) and ``all``
+        (the list).
+    """
+    is_main = rank == 0
+    steps_per_epoch = data.steps_per_epoch
     evaluator = None
     if cfg.run_eval:
-        eval_set = create_dataset(cfg.eval_data_path, is_training=False, **data_args)
-        evaluator = build_evaluator(cfg, model, net, ema, eval_set, amp_level)
-    state = StepState(start_step, cfg.max_overflow_fraction)
+        shard = eval_shard(cfg.eval_data_path, data.data_args, **data.shards)
+        evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level, is_main)
+        evaluator.restore(run.best)  # the checkpoint's best, not metrics.jsonl's
+    state = StepState(run.start_step, cfg.max_overflow_fraction)
     monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
                            os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
                            log, evaluator, cfg.eval_interval)
     own = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
-                          start_step) if continues_here else []
+                          run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
-                            json.dumps(run_config), cfg.save_checkpoint_epochs,
+                            json.dumps(run.config), cfg.save_checkpoint_epochs,
                             cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, own,
-                            write=is_main)
+                            write=is_main, best=evaluator.best_score if evaluator else None)
     profile = parse_profile_steps(cfg.profile_steps)
     profiler = ProfileSteps(state, *profile, os.path.join(cfg.output_dir, "profiler"), log,
                             total_steps=len(lr)) if profile else None
-    callbacks = [state, stop, monitor, saver] + ([profiler] if profiler else [])
+    return SimpleNamespace(state=state, monitor=monitor, saver=saver, profiler=profiler,
+                           all=[state, stop, monitor, saver] + ([profiler] if profiler else []))
 
-    # ---- train: each epoch's own pipeline, step by step or in sink calls ----
-    try:
-        with readable_pipeline_errors():
-            for epoch in range(start_step // steps_per_epoch, cfg.epoch_size):
-                skip = max(0, start_step - epoch * steps_per_epoch)
-                for steps, sink in epoch_calls(steps_per_epoch - skip, sink_size):
-                    if stop.received or state.must_stop or saver.error:
-                        break
-                    data = epoch_dataset(cfg, epoch, skip, train_args, shards).take(steps)
-                    state.steps_per_call = sink or 1
-                    if sink:
-                        model.train(steps // sink, data, callbacks=callbacks,
-                                    dataset_sink_mode=True, sink_size=sink)
-                    else:
-                        model.train(epoch + 1, data, callbacks=callbacks,
-                                    dataset_sink_mode=False, initial_epoch=epoch)
-                    skip += steps
-    finally:
-        stop.restore()
-        if profiler:
-            profiler.close()  # analyses the steps recorded before a stop
-    return finish(state, stop, saver, len(lr), cfg.output_dir, log)
+
+def train_step_by_step(cfg, model, data, cbs, start_step, stop):
+    """Train from ``start_step`` to the end of ``epoch_size`` epochs, or until a stop, one step
+    per call: each epoch its own pipeline (``epoch_dataset``), the batches a resumed run has
+    already trained skipped, so a resumed run sees the same augmented images in the same
+    order as an uninterrupted one. One ``Model.train`` call per epoch; the graph is compiled
+    once (step-by-step calls reuse it)."""
+    steps_per_epoch = data.steps_per_epoch
+    cbs.state.steps_per_call = 1
+    for epoch in range(start_step // steps_per_epoch, cfg.epoch_size):
+        if stop.received or cbs.state.must_stop or cbs.saver.error or cbs.monitor.error:
+            return
+        skip = max(0, start_step - epoch * steps_per_epoch)
+        dataset = epoch_dataset(cfg, epoch, skip, data.train_args, data.shards)
+        model.train(epoch + 1, dataset, callbacks=cbs.all, dataset_sink_mode=False,
+                    initial_epoch=epoch)
+
+
+def run_dataset(cfg, data):
+    """The one training pipeline of a sink-mode run: all its epochs, seeded once from
+    (``seed``, 0). MindSpore's sampler reshuffles it every epoch, the order a function of the
+    seed and the epoch number alone; ``Dataset.set_init_step`` starts it at any step with
+    that order (``train_sunk``)."""
+    seed = epoch_seed(cfg.seed, 0)
+    ds.config.set_seed(seed)
+    return create_dataset(cfg.data_path, is_training=True, **data.train_args, **data.shards,
+                          batch_transform=batch_mixer(cfg, seed))
+
+
+def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=run_dataset):
+    """Train from ``start_step`` to the end of ``epoch_size`` epochs, or until a stop, in
+    dataset sink mode (GPU/Ascend): one pipeline and one ``Model.train`` call for the run, so
+    the sunk training graph is compiled once (``connect_network_with_dataset`` keeps one
+    graph per dataset object: a new pipeline per epoch would compile the graph again).
+
+    A resumed run starts the pipeline at its step (``set_init_step``): the same images in the
+    same order and the same LR as an uninterrupted run; MindSpore's fast recovery (on by
+    default) skips the random augmentation of the skipped batches, so the augmentation draws
+    from there on differ from the uninterrupted run's. A run resumed off a call boundary (a
+    checkpoint of step-by-step training or of ``save_checkpoint_steps``) first trains step by
+    step up to the next boundary, on its own copy of the run pipeline: one more pipeline, one
+    more ``Model.train`` call and the step-by-step graph compiled once more.
+
+    Args:
+        build_dataset (callable): ``(cfg, data) -> Dataset`` of the whole run (``run_dataset``).
+    """
+    total = cfg.epoch_size * data.steps_per_epoch
+    head = -start_step % sink_size
+    if head:
+        dataset = build_dataset(cfg, data)
+        dataset.set_init_step(start_step)
+        cbs.state.steps_per_call = 1
+        model.train(cfg.epoch_size, dataset, callbacks=cbs.all + [StopAtStep(
+            cbs.state, start_step + head)], dataset_sink_mode=False,
+                    initial_epoch=start_step // data.steps_per_epoch)
+        start_step += head
+        if (stop.received or cbs.state.must_stop or cbs.saver.error or cbs.monitor.error
+                or cbs.state.global_step < start_step):
+            return
+    dataset = build_dataset(cfg, data)
+    if start_step:
+        dataset.set_init_step(start_step)
+    cbs.state.steps_per_call = sink_size
+    model.train(total // sink_size, dataset, callbacks=cbs.all, dataset_sink_mode=True,
+                sink_size=sink_size, initial_epoch=start_step // sink_size)
 
 
 def benchmark_training(cfg, device_num, log):
     """``--benchmark_steps N``: N training steps of the configured recipe on one synthetic
     batch that stays on the device (``src.utils.throughput``); no dataset, no files. Returns 0."""
-    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
+    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
+                         device_target=cfg.device_target)
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     step = build_model(cfg, net, cfg.base_lr, amp_level)[0].train_network
     step.set_train()
@@ -339,10 +534,15 @@ def benchmark_training(cfg, device_num, log):
     return 0
 
 
-def finish(state, stop, saver, total_steps, output_dir, log):
-    """Exit status and the closing message: done, a checkpoint not written, a non-finite loss,
-    too many overflowed steps or stopped by a signal (a signal after the last step still ends
-    "done")."""
+def finish(cbs, stop, total_steps, output_dir, log):
+    """Exit status and the closing message: done, a checkpoint, record or log line not
+    written, a non-finite loss, too many overflowed steps or stopped by a signal (a signal
+    after the last step still ends "done")."""
+    state, saver = cbs.state, cbs.saver
+    if cbs.monitor.error and not saver.error:
+        log.error("stopped: %s; last good checkpoint: %s", cbs.monitor.error,
+                  saver.last_saved or "none")
+        return EXIT_SAVE_FAILED
     if saver.error:
         log.error("stopped: %s; last good checkpoint: %s", saver.error,
                   saver.last_saved or "none")

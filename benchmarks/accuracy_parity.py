@@ -3,7 +3,7 @@
     python benchmarks/accuracy_parity.py --config_path configs/resnet18_cifar10.yaml \
         --data_path ../shared/data/cifar10/train --eval_data_path ../shared/data/cifar10/test \
         --epoch_size 5 --seeds 1,2 --work_dir output/parity_cifar10 \
-        --plot docs/parity_cifar10.png --update_readme
+        --plot docs/parity_cifar10.png --update_docs
 
 For each seed S, one after the other (never two trainings at once):
 
@@ -25,7 +25,7 @@ Report (printed, and in ``work_dir/parity.md`` / ``parity.json``): the train los
 epoch and the final top-1/top-5 of every run; the difference ours - PyTorch averaged over
 seeds; and PyTorch's own seed-to-seed spread (max - min over its seeds), the scale against
 which that difference is judged. ``--plot`` draws all runs with ``tools/plot_metrics.py``;
-``--update_readme`` writes the tables between the README's ``parity`` markers.
+``--update_docs`` writes the tables between the ``parity`` markers of ``docs/parity.md``.
 """
 import argparse
 import json
@@ -42,7 +42,7 @@ from src.training.lr_schedule import LR_KEYS  # noqa: E402
 from src.utils.config import parse_config  # noqa: E402
 from tools.plot_metrics import MetricsError, plot_runs, read_metrics  # noqa: E402
 
-README = os.path.join(ROOT, "README.md")
+PARITY_PAGE = os.path.join(ROOT, "docs", "parity.md")
 TABLE_START, TABLE_END = "<!-- parity:start -->", "<!-- parity:end -->"
 SCRIPTS = {"ours": os.path.join(ROOT, "train.py"),
            "torch": os.path.join(ROOT, "benchmarks", "torch_reference_train.py")}
@@ -76,8 +76,8 @@ def parse_args(argv=None):
     parser.add_argument("--plot", default="", help="PNG of all curves (default: "
                         "work_dir/parity.png)")
     parser.add_argument("--title", default="", help="plot title (default: net and epochs)")
-    parser.add_argument("--update_readme", action="store_true",
-                        help="replace the README's parity tables with this report")
+    parser.add_argument("--update_docs", action="store_true",
+                        help="replace the parity tables of docs/parity.md with this report")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.extra = extra
@@ -253,11 +253,11 @@ def plot(runs, seeds, path, title):
     return plot_runs(labelled, path, title, styles)
 
 
-def update_readme(table, path=README):
-    """Replace the text between the parity markers of the README with ``table``.
+def update_docs(table, path=PARITY_PAGE):
+    """Replace the text between the parity markers of ``path`` (docs/parity.md) with ``table``.
 
     Raises:
-        ParityError: If the README lacks the markers.
+        ParityError: If the page lacks the markers.
     """
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -292,9 +292,9 @@ def main(argv=None):
     title = args.title or f"{cfg.net_name}, {epochs} epochs: ours (solid) vs PyTorch (dashed)"
     print("wrote", plot(runs, args.seeds, args.plot or os.path.join(args.work_dir, "parity.png"),
                         title))
-    if args.update_readme:
-        update_readme(table)
-        print("README parity table updated")
+    if args.update_docs:
+        update_docs(table)
+        print(f"parity table updated in {os.path.relpath(PARITY_PAGE, ROOT)}")
     return 0
 
 

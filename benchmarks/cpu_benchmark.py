@@ -1,7 +1,7 @@
 """CPU speed of our ResNet against the PyTorch reference, in one run.
 
     python benchmarks/cpu_benchmark.py                  # ResNet-50, batch 32, 224 px, 3 rounds
-    python benchmarks/cpu_benchmark.py --update_readme  # also replace the README's table
+    python benchmarks/cpu_benchmark.py --update_docs    # also replace the table in docs/speed.md
 
 Each case runs in a fresh process (its own peak RSS, oneDNN settings, compile caches) that
 builds its network, runs one warmup (compile) call, then ``--steps`` timed calls and reports
@@ -42,7 +42,7 @@ from collections import namedtuple
 from importlib import metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+SPEED_PAGE = os.path.join(ROOT, "docs", "speed.md")
 TABLE_START, TABLE_END = "<!-- cpu-benchmark:start -->", "<!-- cpu-benchmark:end -->"
 GEMM_N = 4096
 ISA_VAR = "ONEDNN_MAX_CPU_ISA"
@@ -69,9 +69,9 @@ def parse_args(argv=None):
     parser.add_argument("--cases", default="all", help="comma-separated subset of: all, "
                         + ", ".join(CASES))
     parser.add_argument("--output_dir", default=os.path.join(ROOT, "benchmarks", "results"))
-    parser.add_argument("--update_readme", action="store_true",
+    parser.add_argument("--update_docs", action="store_true",
                         help=f"replace the table between {TABLE_START} and {TABLE_END} in "
-                             "README.md")
+                             "docs/speed.md")
     parser.add_argument("--from_json", default="",
                         help="do not measure: report the runs saved in this cpu_benchmark.json")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
@@ -569,7 +569,7 @@ def environment_info():
             "onnxruntime": version("onnxruntime")}
 
 
-def update_readme(table, path=README):
+def update_docs(table, path=SPEED_PAGE):
     """Replace the text between the benchmark markers of ``path`` with ``table``.
 
     Raises:
@@ -636,7 +636,7 @@ def main():
     with open(os.path.join(args.output_dir, "cpu_benchmark.md"), "w", encoding="utf-8") as f:
         f.write(table)
     recorded = {k: v for k, v in vars(args).items()
-                if k not in ("worker", "artifacts", "from_json", "update_readme")}
+                if k not in ("worker", "artifacts", "from_json", "update_docs")}
     for key in ("data_path", "output_dir"):  # relative to the repository, as in the docs
         recorded[key] = os.path.relpath(os.path.abspath(recorded[key]), ROOT)
     record = {"args": recorded,
@@ -644,8 +644,8 @@ def main():
               "runs": runs, "command": command}
     with open(os.path.join(args.output_dir, "cpu_benchmark.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
-    if args.update_readme:
-        update_readme(table)
+    if args.update_docs:
+        update_docs(table)
     return 0
 
 

@@ -18,6 +18,7 @@ NODE_RANK=0
 MASTER_ADDR=127.0.0.1
 MASTER_PORT=8118
 CLUSTER_TIME_OUT=120
+BIND_CORE=""         # msrun --bind_core: True, False or a JSON object (empty: msrun's default)
 RANK_TABLE_FILE="${RANK_TABLE_FILE:-}"
 
 usage_common() {
@@ -30,6 +31,9 @@ options:
   --master_addr ADDR    scheduler host, multi-host msrun (default: 127.0.0.1)
   --master_port PORT    scheduler port (default: 8118)
   --cluster_time_out S  seconds msrun waits for all workers to join (default: 120)
+  --bind_core V         msrun binds each worker to CPU cores: true (msrun picks them by
+                        device affinity), false (default) or a JSON object such as
+                        '{"device0": ["0-23"], "device1": ["24-47"]}'; msrun only
 $LAUNCHER_HELP
 environment: PYTHON (interpreter, default: python on PATH), MSRUN (msrun executable)
 USAGE
@@ -46,6 +50,7 @@ parse_launch_args() {
             --master_addr) MASTER_ADDR="$2" ;;
             --master_port) MASTER_PORT="$2" ;;
             --cluster_time_out) CLUSTER_TIME_OUT="$2" ;;
+            --bind_core) BIND_CORE="$2" ;;
             --rank_table_file) RANK_TABLE_FILE="$2"; LAUNCHER=rank_table ;;
             --launcher) LAUNCHER="$2" ;;
             *) echo "error: unknown option $1" >&2; usage_common ;;
@@ -60,6 +65,13 @@ parse_launch_args() {
     for n in DEVICE_NUM WORKER_NUM NODE_RANK MASTER_PORT CLUSTER_TIME_OUT; do
         [[ "${!n}" =~ ^[0-9]+$ ]] || { echo "error: ${n,,} must be an integer, got ${!n}" >&2; exit 2; }
     done
+    case "${BIND_CORE,,}" in
+        "") ;;
+        true) BIND_CORE=True ;;
+        false) BIND_CORE=False ;;
+        "{"*) ;;  # a JSON object: msrun checks it
+        *) echo "error: bind_core must be true, false or a JSON object, got $BIND_CORE" >&2; exit 2 ;;
+    esac
     [[ -d "$DATA_PATH" ]] || { echo "error: DATA_PATH $DATA_PATH is not a folder" >&2; exit 2; }
     [[ -f "$CONFIG_PATH" ]] || { echo "error: CONFIG_PATH $CONFIG_PATH is not a file" >&2; exit 2; }
     mkdir -p "$OUTPUT_DIR/logs"
@@ -89,13 +101,29 @@ fail_with_logs() {
     exit "$status"
 }
 
+stopped_by_signal() {
+    # A run stopped by SIGINT/SIGTERM (to any worker: the ranks stop after the same step and
+    # each exits 128 + signal, so msrun fails): say so with the workers' "stopped by" line and
+    # exit 128 + signal. Returns (nothing printed) when no worker log has that line.
+    local line sig
+    line="$(grep -h "stopped by SIG[A-Z]* at global step" "$@" 2>/dev/null | head -n 1)" || true
+    [[ -n "$line" ]] || return 0
+    sig="$(sed -E 's/.*stopped by SIG([A-Z]+) .*/\1/' <<< "$line")"
+    echo "training stopped by SIG$sig ${line#*stopped by SIG$sig }" >&2
+    grep -h "received SIG" "$@" 2>/dev/null | head -n 3 >&2 || true
+    echo "logs in $OUTPUT_DIR/logs" >&2
+    exit $((128 + $(kill -l "$sig")))
+}
+
 run_msrun() {
-    local status=0
+    local status=0 bind=()
+    [[ -z "$BIND_CORE" ]] || bind=(--bind_core "$BIND_CORE")
     "$MSRUN" --worker_num "$WORKER_NUM" --local_worker_num "$DEVICE_NUM" \
         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --node_rank "$NODE_RANK" \
         --log_dir "$OUTPUT_DIR/logs" --join True --cluster_time_out "$CLUSTER_TIME_OUT" \
-        "$REPO_ROOT/train.py" "${TRAIN_ARGS[@]}" \
+        "${bind[@]}" "$REPO_ROOT/train.py" "${TRAIN_ARGS[@]}" \
         > "$OUTPUT_DIR/logs/msrun_node$NODE_RANK.log" 2>&1 || status=$?
+    [[ $status -eq 0 ]] || stopped_by_signal "$OUTPUT_DIR"/logs/worker_*.log
     [[ $status -eq 0 ]] || fail_with_logs "$status" "$OUTPUT_DIR"/logs/worker_*.log \
         "$OUTPUT_DIR/logs/msrun_node$NODE_RANK.log"
     echo "training done; rank 0 outputs in $OUTPUT_DIR, logs in $OUTPUT_DIR/logs"
@@ -121,6 +149,7 @@ run_rank_table() {
         sleep "${KILL_GRACE_S:-30}"
         kill -9 "${pids[@]}" 2>/dev/null || true  # ranks blocked in a collective
         wait "${pids[@]}" 2>/dev/null || true
+        stopped_by_signal "${logs[@]}"
         fail_with_logs "$status" "${logs[@]}"
     fi
     echo "training done; rank 0 outputs in $OUTPUT_DIR, logs in $OUTPUT_DIR/logs"
@@ -131,6 +160,7 @@ run_mpirun() {
     local status=0
     mpirun -n "$DEVICE_NUM" --output-filename "$OUTPUT_DIR/logs/mpirun" --merge-stderr-to-stdout \
         "$PYTHON" "$REPO_ROOT/train.py" "${TRAIN_ARGS[@]}" || status=$?
+    [[ $status -eq 0 ]] || stopped_by_signal "$OUTPUT_DIR"/logs/mpirun/*/rank.*/stdout
     [[ $status -eq 0 ]] || fail_with_logs "$status" "$OUTPUT_DIR"/logs/mpirun/*/rank.*/stdout
     echo "training done; rank 0 outputs in $OUTPUT_DIR, logs in $OUTPUT_DIR/logs"
 }
@@ -141,6 +171,10 @@ launch() {
         echo "error: launcher $LAUNCHER is not available for $DEVICE_TARGET (use: ${ALLOWED_LAUNCHERS:-msrun})" >&2
         exit 2
     }
+    if [[ -n "$BIND_CORE" && "$LAUNCHER" != msrun ]]; then
+        echo "error: --bind_core is an msrun option; the $LAUNCHER launcher does not bind cores" >&2
+        exit 2
+    fi
     build_train_args
     case "$LAUNCHER" in
         msrun) run_msrun ;;

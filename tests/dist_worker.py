@@ -1,11 +1,21 @@
 """Worker of the data-parallel tests: K training steps of ResNet-18 with frozen BatchNorm on
-real CIFAR-10 images, then the parameters saved as .npz.
+real CIFAR-10 images, with two training cells one after the other, their parameters saved as
+.npz:
+
+- ``onestep``: MindSpore's ``nn.TrainOneStepCell``, per-rank batch B;
+- ``trainstep``: this package's ``TrainStep`` with gradient accumulation over
+  ``ACCUMULATION`` micro-batches, global-norm clipping and a weight EMA; per-rank batch
+  ``ACCUMULATION`` x B (one optimizer step).
 
     msrun --worker_num 2 ... tests/dist_worker.py --out DIR     # rank r trains on its half
     python tests/dist_worker.py --out DIR --single              # one process, whole batch
 
-Global batch = 2 x per-rank batch; rank r takes rows [r*B, (r+1)*B) of every global batch,
-so the averaged gradient of the two ranks is the single process's gradient.
+Global batch = 2 x per-rank batch; rank r takes rows [r*b, (r+1)*b) of every global batch
+(b its per-rank batch), so the averaged gradient of the two ranks is the single process's
+gradient (the single process accumulates ``ACCUMULATION`` micro-batches of the global batch:
+each a mean over equal halves, so the same mean). Files: ``{variant}_{name}.npz`` with the
+network's parameters after training (``ema.*``: the EMA's averages) and ``init.*`` (their
+values before the first step), name ``single`` or ``rank{r}_of{size}``.
 """
 import argparse
 import os
@@ -25,7 +35,12 @@ from src.deploy.inference import preprocess_images  # noqa: E402
 from src.models.resnet import create_network  # noqa: E402
 from src.training.loss import CrossEntropySmooth  # noqa: E402
 from src.training.optimizer import create_optimizer  # noqa: E402
+from src.training.train_step import TrainStep, WeightEma  # noqa: E402
 from tests.helpers import interleaved_class_images  # noqa: E402
+
+ACCUMULATION = 2  # micro-batches per optimizer step (trainstep)
+CLIP_NORM = 1.0  # global-norm threshold (trainstep): the gradients' norm is ~3.3, so it clips
+EMA_DECAY = 0.5  # far from 1, so 3 updates leave the averages away from the weights
 
 
 def real_batches(data_path, steps, global_batch):
@@ -33,13 +48,57 @@ def real_batches(data_path, steps, global_batch):
     return preprocess_images(paths, 32, 32), labels
 
 
+def frozen_bn_resnet18():
+    """ResNet-18 (10 classes) with BatchNorm on its moving statistics: no per-rank state."""
+    ms.set_seed(1)  # same initial weights on every rank
+    net = create_network("resnet18", 10)
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, ms.nn.BatchNorm2d):
+            cell.use_batch_statistics = False
+    return net
+
+
+def train(variant, args, rank):
+    """Train ``variant`` for ``args.steps`` steps on this process's rows; returns the
+    parameters to save."""
+    net = frozen_bn_resnet18()
+    with_loss = ms.nn.WithLossCell(net, CrossEntropySmooth(0.1, 10))
+    optimizer = create_optimizer(net, 0.05, 0.875, 1 / 32768)
+    ema = None
+    if variant == "onestep":
+        step, per_rank = ms.nn.TrainOneStepCell(with_loss, optimizer), args.batch
+    else:
+        ema = WeightEma(net, EMA_DECAY)
+        step = TrainStep(with_loss, optimizer, grad_clip_norm=CLIP_NORM,
+                         accumulation_steps=ACCUMULATION, ema=ema)
+        per_rank = ACCUMULATION * args.batch
+    # a copy: asnumpy() may share the parameter's host memory, which training overwrites
+    init = {f"init.{p.name}": p.asnumpy().copy() for p in net.trainable_params()}
+    step.set_train(True)
+    global_batch = 2 * per_rank
+    images, labels = real_batches(args.data_path, args.steps, global_batch)
+    rows = slice(0, global_batch) if args.single else slice(rank * per_rank,
+                                                            (rank + 1) * per_rank)
+    for s in range(args.steps):
+        x = images[s * global_batch:(s + 1) * global_batch][rows]
+        y = labels[s * global_batch:(s + 1) * global_batch][rows]
+        step(ms.Tensor(x), ms.Tensor(y))
+    saved = dict(init, **{p.name: p.asnumpy() for p in net.trainable_params()})
+    if ema is not None:
+        names = {p.name for p in net.trainable_params()}
+        saved.update({p.name: p.asnumpy() for p in ema.averages
+                      if p.name.split(".", 1)[1] in names})
+    return saved
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--data_path", required=True)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=8, help="per-rank batch")
+    parser.add_argument("--batch", type=int, default=8, help="per-rank (micro-)batch")
     parser.add_argument("--single", action="store_true")
+    parser.add_argument("--variants", default="onestep,trainstep")
     args = parser.parse_args()
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -51,25 +110,10 @@ def main():
         rank, size = get_rank(), get_group_size()
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
                                      gradients_mean=True, all_reduce_fusion_config=[33, 61])
-    ms.set_seed(1)  # same initial weights on every rank
-    net = create_network("resnet18", 10)
-    for _, cell in net.cells_and_names():
-        if isinstance(cell, ms.nn.BatchNorm2d):
-            cell.use_batch_statistics = False  # BN-free state: no per-rank statistics
-    step = ms.nn.TrainOneStepCell(ms.nn.WithLossCell(net, CrossEntropySmooth(0.1, 10)),
-                                  create_optimizer(net, 0.05, 0.875, 1 / 32768))
-    step.set_train(True)
-    global_batch = 2 * args.batch
-    images, labels = real_batches(args.data_path, args.steps, global_batch)
-    rows = slice(0, global_batch) if args.single else slice(rank * args.batch,
-                                                            (rank + 1) * args.batch)
-    for s in range(args.steps):
-        x = images[s * global_batch:(s + 1) * global_batch][rows]
-        y = labels[s * global_batch:(s + 1) * global_batch][rows]
-        step(ms.Tensor(x), ms.Tensor(y))
     name = "single" if args.single else f"rank{rank}_of{size}"
-    np.savez(os.path.join(args.out, f"{name}.npz"),
-             **{p.name: p.asnumpy() for p in net.trainable_params()})
+    for variant in args.variants.split(","):
+        np.savez(os.path.join(args.out, f"{variant}_{name}.npz"),
+                 **train(variant, args, rank))
 
 
 if __name__ == "__main__":

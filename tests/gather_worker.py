@@ -20,7 +20,7 @@ from src.utils.device import all_gather_int, init_distributed  # noqa: E402
 def main():
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    rank, _ = init_distributed(True, 1, [1])
+    rank, _ = init_distributed(True, 1)
     print(f"rank {rank} gathered {all_gather_int(rank * 10 + 3)} "
           f"{all_gather_int(-1 + rank * 500000)}", flush=True)
 

@@ -121,15 +121,21 @@ def test_describe_cpu_names_model_numbers_and_widest_isa():
     assert cpu_benchmark.describe_cpu(no_ids) == "Some CPU (widest ISA AVX-512)"
 
 
-def test_update_readme_replaces_only_the_marked_block(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{cpu_benchmark.TABLE_START}\nold\n{cpu_benchmark.TABLE_END}\nend\n")
-    cpu_benchmark.update_readme("| new |\n", str(readme))
-    assert readme.read_text() == (f"intro\n{cpu_benchmark.TABLE_START}\n| new |\n"
-                                  f"{cpu_benchmark.TABLE_END}\nend\n")
-    readme.write_text("no markers\n")
-    with pytest.raises(ValueError, match="README.md has no"):
-        cpu_benchmark.update_readme("x", str(readme))
+def test_update_docs_replaces_only_the_marked_block(tmp_path):
+    page = tmp_path / "speed.md"
+    page.write_text(f"intro\n{cpu_benchmark.TABLE_START}\nold\n{cpu_benchmark.TABLE_END}\nend\n")
+    cpu_benchmark.update_docs("| new |\n", str(page))
+    assert page.read_text() == (f"intro\n{cpu_benchmark.TABLE_START}\n| new |\n"
+                                f"{cpu_benchmark.TABLE_END}\nend\n")
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="speed.md has no"):
+        cpu_benchmark.update_docs("x", str(page))
+
+
+def test_update_docs_targets_the_speed_page_which_holds_the_markers():
+    assert cpu_benchmark.SPEED_PAGE == os.path.join(cpu_benchmark.ROOT, "docs", "speed.md")
+    text = open(cpu_benchmark.SPEED_PAGE, encoding="utf-8").read()
+    assert text.count(cpu_benchmark.TABLE_START) == 1 and text.count(cpu_benchmark.TABLE_END) == 1
 
 
 def test_unknown_case_is_an_error_listing_valid_ones():

@@ -1,11 +1,15 @@
 """Checkpoint loading: a checkpoint of another depth or class count is named, fine-tuning drops
 fc."""
+import os
+
 import mindspore as ms
 import numpy as np
 import pytest
 
 from src.models.resnet import create_network
-from src.utils.checkpoint import CheckpointMismatchError, load_into_network
+from src.utils.checkpoint import CheckpointMismatchError, load_into_network, remove_stale_partials
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +56,38 @@ def test_missing_and_corrupt_files_are_named(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="bad.ckpt"):
         load_into_network(net, str(bad))
+
+
+FULL_DISK_SAVE = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # a disk that fills up
+from src.models.resnet import create_network
+from src.utils.checkpoint import atomic_save_checkpoint
+try:
+    atomic_save_checkpoint(create_network("resnet18", class_num=10), sys.argv[1])
+except (OSError, RuntimeError) as err:
+    print("failed:", type(err).__name__)
+"""
+
+
+def test_a_failed_save_leaves_no_temporary_file(tmp_path):
+    # mindspore.save_checkpoint writes NAME.partial.tmp, renamed to our NAME.partial.ckpt
+    import subprocess
+    import sys
+    target = tmp_path / "resnet18-1_10.ckpt"
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_SAVE, str(target)], text=True,
+                            capture_output=True, cwd=ROOT, timeout=300)
+    assert "failed:" in result.stdout, result.stderr[-2000:]
+    assert os.listdir(tmp_path) == []
+
+
+def test_stale_temporary_files_of_this_run_are_removed_and_others_kept(tmp_path):
+    names = ["resnet18-2_5.partial.ckpt", "resnet18-2_5.partial.tmp",
+             "resnet18-best.partial.tmp", "resnet50-1_1.partial.tmp", "notes.partial.tmp",
+             "resnet18-1_5.ckpt"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    removed = remove_stale_partials(str(tmp_path), "resnet18")
+    assert sorted(os.path.basename(p) for p in removed) == names[:3]
+    assert sorted(os.listdir(tmp_path)) == sorted(names[3:])

@@ -1,8 +1,11 @@
-"""Config loading: override order, unknown keys, wrong types, --help."""
+"""Config loading: override order, unknown keys, wrong types, --help; the generated
+configuration page (docs/configuration.md) is up to date."""
 import pytest
 
-from src.utils.config import ConfigError, load_schema, parse_config
+from src.utils.config import DEFAULT_CONFIG, ConfigError, load_schema, parse_config
 from tests.helpers import run_entry
+from tools.gen_config_docs import CODE_RANGES, PAGE, markdown_text, read_page, render
+from tools.gen_config_docs import main as gen_config_docs
 
 
 def write(tmp_path, text):
@@ -111,10 +114,87 @@ def test_recipes_in_configs_folder_load():
         parse_config(["--config_path", recipe])
 
 
-def test_readme_documents_every_key():
-    import os
+def test_configuration_page_is_up_to_date():
+    assert read_page(PAGE) == render(), \
+        "docs/configuration.md is out of date: run python tools/gen_config_docs.py"
 
-    from src.utils.config import ROOT
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    defaults, _, _ = load_schema()
-    assert [k for k in defaults if f"| `{k}` |" not in readme] == []
+
+def test_configuration_page_documents_every_key_with_its_meaning():
+    page = read_page(PAGE)
+    defaults, helps, _ = load_schema()
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| `")}
+    assert [k for k in defaults if f"| `{k}`" not in rows] == []
+    assert [k for k in defaults if f" | {markdown_text(helps[k])} | " not in rows[f"| `{k}`"]] == []
+
+
+def test_changed_meaning_makes_the_page_out_of_date(tmp_path, capsys):
+    with open(DEFAULT_CONFIG, encoding="utf-8") as f:
+        text = f.read()
+    changed = text.replace('net_name: "network architecture"', 'net_name: "the network"')
+    assert changed != text
+    schema = tmp_path / "config.yaml"
+    schema.write_text(changed, encoding="utf-8")
+    assert render(str(schema)) != read_page(PAGE)
+    assert gen_config_docs(["--check", "--config", str(schema)]) == 1
+    assert "docs/configuration.md is out of date" in capsys.readouterr().err
+    page = tmp_path / "configuration.md"
+    assert gen_config_docs(["--config", str(schema), "--output", str(page)]) == 0
+    assert "| `net_name` | `resnet50` | the network |" in page.read_text(encoding="utf-8")
+    assert gen_config_docs(["--check", "--config", str(schema), "--output", str(page)]) == 0
+    # written through a temporary file that os.replace renamed: nothing else is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "configuration.md"]
+
+
+CODE_RANGE_VIOLATIONS = {"scale_factor": "1", "randaugment_num_ops": "4",
+                         "randaugment_magnitude": "31", "train_crop_scale": "0.5,0.4"}
+"""A value just outside each range the page takes from check_values' code (CODE_RANGES)."""
+
+
+def test_ranges_the_page_states_from_code_are_checked():
+    assert set(CODE_RANGE_VIOLATIONS) == set(CODE_RANGES)
+    for key, value in CODE_RANGE_VIOLATIONS.items():
+        with pytest.raises(ConfigError, match=key):
+            parse_config([f"--{key}", value])
+
+
+@pytest.mark.parametrize("key, value", [("base_lr", "nan"), ("base_lr", "inf"),
+                                        ("weight_decay", "-inf"), ("label_smoothing", "nan"),
+                                        ("train_crop_scale", "0.08,nan")])
+def test_non_finite_floats_are_refused_naming_the_key(key, value):
+    # nan passes every comparison-based range check (nan <= 0 is false)
+    with pytest.raises(ConfigError, match=f"{key} must (be a finite number|hold finite)"):
+        parse_config([f"--{key}={value}"])
+
+
+def test_a_recipe_that_is_not_utf8_is_named(tmp_path):
+    recipe = tmp_path / "latin1.yaml"
+    recipe.write_bytes("base_lr: 0.1\n# café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="latin1.yaml: not UTF-8 text \\(byte 0xe9"):
+        parse_config(["--config_path", str(recipe)])
+
+
+@pytest.mark.parametrize("image_size, side", [(32, 1), (33, 2), (224, 7), (17, 1)])
+def test_last_feature_map_side_matches_the_network(image_size, side):
+    import mindspore as ms
+    import numpy as np
+
+    from src.models.resnet import create_network
+    from train import last_feature_map_side
+    net = create_network("resnet18", 10)
+    stem = ms.nn.SequentialCell([net.conv1, net.bn1, net.relu, net.maxpool, net.layer1,
+                                 net.layer2, net.layer3, net.layer4])
+    stem.set_train(False)
+    out = stem(ms.Tensor(np.zeros((1, 3, image_size, image_size), np.float32)))
+    assert last_feature_map_side(image_size) == side == out.shape[-1]
+
+
+def test_one_value_per_channel_in_a_training_batchnorm_is_refused():
+    from train import check_train_config
+    cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--batch_size", "1"])
+    with pytest.raises(ConfigError, match="batch_size 1 at train_image_size 32: the last "
+                                          "stage's feature map is 1x1"):
+        check_train_config(cfg)
+    check_train_config(parse_config(["--config_path", "configs/quick_start.yaml",
+                                     "--batch_size", "2"]))
+    check_train_config(parse_config(["--config_path", "configs/quick_start.yaml",
+                                     "--batch_size", "1", "--train_image_size", "64"]))

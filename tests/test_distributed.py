@@ -1,4 +1,6 @@
 """Data-parallel training on CPU with msrun: 2 workers, 127.0.0.1 only, every run time-bounded."""
+import json
+import logging
 import os
 import signal
 import socket
@@ -9,8 +11,9 @@ import time
 import numpy as np
 import pytest
 
+from src.utils.checkpoint import checkpoint_name
 from src.utils.device import check_fusion_config, fusion_config_for
-from tests.helpers import CIFAR_SAMPLE, ROOT
+from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, succeeded
 
 LAUNCH_TIMEOUT = 420  # seconds any launch may take before the test fails
 
@@ -34,32 +37,134 @@ def launcher(*args, timeout=LAUNCH_TIMEOUT):
                           timeout=timeout, check=False)
 
 
-def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(tmp_path):
-    data = os.path.join(CIFAR_SAMPLE, "test")  # 3 steps x 16 images: 5 of each class
+@pytest.fixture(scope="module")
+def trained_parameters(tmp_path_factory):
+    """``tests/dist_worker.py`` on 2 ranks (one msrun launch) and in one process: the
+    parameters after 3 steps of ``nn.TrainOneStepCell`` and of ``TrainStep`` (accumulation,
+    clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}."""
+    out = tmp_path_factory.mktemp("dist_params")
+    data = os.path.join(CIFAR_SAMPLE, "test")  # real images, every class in every batch
     worker = os.path.join(ROOT, "tests", "dist_worker.py")
     msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
     dist = subprocess.run([msrun, "--worker_num", "2", "--local_worker_num", "2",
                            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                           "--log_dir", str(tmp_path / "logs"), "--join", "True",
-                           "--cluster_time_out", "60", worker, "--out", str(tmp_path),
+                           "--log_dir", str(out / "logs"), "--join", "True",
+                           "--cluster_time_out", "60", worker, "--out", str(out),
                            "--data_path", data], env=python_first_env(), capture_output=True,
                           text=True, timeout=LAUNCH_TIMEOUT, check=False)
     assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:]
-    single = subprocess.run([sys.executable, worker, "--out", str(tmp_path), "--single",
+    single = subprocess.run([sys.executable, worker, "--out", str(out), "--single",
                              "--data_path", data], capture_output=True, text=True,
                             timeout=LAUNCH_TIMEOUT, check=False)
     assert single.returncode == 0, single.stderr[-2000:]
-    ranks = [np.load(tmp_path / f"rank{r}_of2.npz") for r in range(2)]
-    ref = np.load(tmp_path / "single.npz")
-    assert len(ref.files) == 62
-    for name in ref.files:
+    return {variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
+                      "single": np.load(out / f"{variant}_single.npz")}
+            for variant in ("onestep", "trainstep")}
+
+
+def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_parameters):
+    """nn.TrainOneStepCell: 3 steps, 2 ranks x 8 images vs 1 process x 16."""
+    ranks, ref = trained_parameters["onestep"]["ranks"], trained_parameters["onestep"]["single"]
+    names = [n for n in ref.files if not n.startswith("init.")]
+    assert len(names) == 62
+    for name in names:
         # the all-reduce hands both ranks the same averaged gradient: bit-identical
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
     # vs one process over the concatenated batch: the same gradient, summed in another order
     # (two half-batch means averaged vs one full-batch mean), so float32 rounding only.
-    worst = max(float(np.abs(ranks[0][n] - ref[n]).max() / np.abs(ref[n]).max()) for n in ref.files)
+    worst = max(float(np.abs(ranks[0][n] - ref[n]).max() / np.abs(ref[n]).max()) for n in names)
     print(f"\n[dist] 3 steps, 2 ranks x 8 vs 1 x 16: worst parameter rel diff {worst:.2e}")
     assert worst < 1e-5
+
+
+def test_train_step_in_data_parallel_equals_one_process_on_the_global_batch(
+        trained_parameters):
+    """TrainStep with 2 accumulated micro-batches, global-norm clipping (active: the gradient
+    norm is ~3.3, the threshold 1) and a weight EMA: 3 steps, 2 ranks x (2 x 8) images vs one
+    process x 32 (2 micro-batches of 16). Each rank averages its micro-batches, the all-reduce
+    averages the ranks, then clipping (on the all-reduced gradient), the optimizer and the EMA
+    run on every rank: the weights and the averages must end as in the one process, to float32
+    rounding (a few ulps of the tensor's largest value), and so must the updates (trained
+    minus initial values, ~1e-3: a wrong clip factor or average would be off by far more)."""
+    ranks, ref = trained_parameters["trainstep"]["ranks"], trained_parameters["trainstep"]["single"]
+    names = [n for n in ref.files if not n.startswith("init.")]
+    assert len(names) == 2 * 62 and sum(n.startswith("ema.") for n in names) == 62
+    for name in names:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+    worst_param = worst_update = 0.0
+    for name in names:
+        init = ref["init." + name.removeprefix("ema.")]
+        moved, moved_ref = ranks[0][name] - init, ref[name] - init
+        assert np.abs(moved_ref).max() > 0, name  # every tensor trained (and averaged)
+        worst_param = max(worst_param, float(np.abs(ranks[0][name] - ref[name]).max()
+                                             / np.abs(ref[name]).max()))
+        worst_update = max(worst_update, float(np.abs(moved - moved_ref).max()
+                                               / np.abs(moved_ref).max()))
+    print(f"\n[dist] TrainStep k=2, clip, EMA; 3 steps, 2 ranks vs 1 process: worst rel diff "
+          f"{worst_param:.2e} of the parameters, {worst_update:.2e} of the updates")
+    assert worst_param < 1e-6  # float32 eps is 1.2e-7
+    assert worst_update < 1e-3
+
+
+def worker_log_lines(out, rank, text):
+    """The lines of rank ``rank``'s msrun log (``out/logs/worker_R.log``) holding ``text``."""
+    path = os.path.join(out, "logs", f"worker_{rank}.log")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [line.rstrip("\n") for line in f if text in line]
+
+
+def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(tmp_path):
+    """train.py on 2 ranks with --run_eval true and a weight EMA, over an eval set whose size
+    (199) does not divide by the ranks: both ranks exit 0 and log the same figures (so take
+    the same "best" decisions), exactly one best checkpoint, and eval.py in one process
+    reproduces metrics.jsonl's top-1/top-5 (live, EMA, best) over the same 199 images."""
+    train_dir = os.path.join(CIFAR_SAMPLE, "train")  # 1000 images: 31 steps of 2 x 16
+    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "test"), 20)
+    dropped = os.path.join(eval_dir, "cat")
+    os.remove(os.path.join(dropped, sorted(os.listdir(dropped))[0]))  # 199 images
+    out = tmp_path / "out"
+    result = launcher("--master_port", free_port(), "--cluster_time_out", "60", train_dir,
+                      "configs/quick_start.yaml", out, "--eval_data_path", eval_dir,
+                      "--run_eval", "true", "--eval_interval", "1", "--epoch_size", "2",
+                      "--batch_size", "16", "--base_lr", "0.2", "--warmup_epochs", "0",
+                      "--ema_decay", "0.5", "--save_checkpoint_epochs", "1", "--log_interval",
+                      "10")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for rank in range(2):
+        assert not worker_log_lines(out, rank, "Traceback")
+    assert sorted(p.name for p in out.iterdir() if "best" in p.name) == ["resnet18-best.ckpt"]
+    records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
+    assert [r["epoch"] for r in records] == [1, 2]
+    # every rank computed the same figures, so took the same "best" decisions
+    evaluated = ("top1", "top5", "ema_top1", "ema_top5", "best_top1", "eval_images")
+    for rank in range(2):
+        logged = [json.loads(line.split(" done: ", 1)[1])
+                  for line in worker_log_lines(out, rank, " done: {")]
+        assert [{k: r.get(k) for k in evaluated} for r in logged] == [
+            {k: r.get(k) for k in evaluated} for r in records], rank
+    assert all(r["eval_images"] == 199 for r in records), records
+    last = records[-1]
+    assert last["best_top1"] == max(r["top1"] for r in records)
+
+    def eval_py(ckpt, use_ema):
+        folder = tmp_path / f"eval_{os.path.basename(ckpt)}_{use_ema}"
+        succeeded(run_entry("eval.py", "--config_path", "configs/quick_start.yaml", "--data_path",
+                            eval_dir, "--checkpoint_path", ckpt, "--use_ema", use_ema,
+                            "--output_dir", folder))
+        return json.load(open(folder / "eval_result.json", encoding="utf-8"))
+
+    best = max(records, key=lambda r: r["top1"])  # the first of equals: it is not replaced
+    for ckpt, use_ema, prefix, record in ((out / "resnet18-2_31.ckpt", "false", "", last),
+                                          (out / "resnet18-2_31.ckpt", "true", "ema_", last),
+                                          (out / "resnet18-best.ckpt", "false", "", best)):
+        report = eval_py(str(ckpt), use_ema)
+        print(f"\n[dist eval] {ckpt.name} use_ema {use_ema}: eval.py top-1 {report['top1']} "
+              f"top-5 {report['top5']} over {report['images']} images; metrics.jsonl epoch "
+              f"{record['epoch']} {prefix}top1 {record[prefix + 'top1']} {prefix}top5 "
+              f"{record[prefix + 'top5']}")
+        assert report["images"] == 199
+        for k in ("top1", "top5"):
+            assert report[k] == pytest.approx(record[prefix + k], abs=1e-12), (k, record)
 
 
 def worker_pids(marker):
@@ -90,9 +195,9 @@ def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 240
-        while time.time() < deadline:  # wait until both ranks train
+        while time.time() < deadline:  # wait until both ranks train (a step line)
             logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
-            if all(p.exists() and "loss" in p.read_text(errors="replace") for p in logs):
+            if all(p.exists() and "(global " in p.read_text(errors="replace") for p in logs):
                 break
             time.sleep(2)
         pids = worker_pids(str(out))
@@ -110,6 +215,57 @@ def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
     assert proc.returncode != 0
     assert "distributed training failed" in stderr and str(out / "logs") in stderr
     assert elapsed < 240
+
+
+def rank_of(pid):
+    """The RANK_ID msrun gave worker ``pid``."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    return int(environ[b"RANK_ID"])
+
+
+def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it(
+        tmp_path):
+    """SIGTERM to rank 1 only (which writes nothing): the ranks agree at the step's end, every
+    rank stops after that same step, rank 0 saves it, each exits 143 with a line naming the
+    signal and the rank, and the launcher reports the stop (status 143)."""
+    out = tmp_path / "sig"
+    proc = subprocess.Popen(
+        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
+         str(free_port()), "--cluster_time_out", "60", "data/cifar10_sample/train",
+         "configs/quick_start.yaml", str(out), "--epoch_size", "50", "--run_eval", "false",
+         "--log_interval", "1"],
+        cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # wait until both ranks have trained a few steps
+            logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
+            if all(p.exists() and "(global 3)" in p.read_text(errors="replace") for p in logs):
+                break
+            time.sleep(0.5)
+        pids = {rank_of(pid): pid for pid in worker_pids(str(out))}
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in worker_pids(str(out)):
+            os.kill(pid, signal.SIGKILL)
+    stopped = [worker_log_lines(out, r, "stopped by SIGTERM at global step") for r in range(2)]
+    print(f"\n[dist] SIGTERM to rank 1: {stopped}; launcher: {stderr.strip()[-300:]}")
+    assert all(len(lines) == 1 for lines in stopped), stdout[-1500:] + stderr[-3000:]
+    steps = [int(lines[0].split("at global step ")[1].split(",")[0]) for lines in stopped]
+    assert steps[0] == steps[1] > 3  # the same step on both ranks, in the middle of training
+    ckpt = out / checkpoint_name("resnet18", steps[0], 15)  # 15 steps of 2 x 32 per epoch
+    assert ckpt.exists(), sorted(os.listdir(out))
+    assert f"saved {ckpt}" in stopped[0][0] and f"saved {ckpt}" in stopped[1][0]
+    for rank in range(2):
+        assert worker_log_lines(out, rank, "rank 1 received SIGTERM"), rank
+        assert not worker_log_lines(out, rank, "Traceback"), rank
+    assert f"stopped by SIGTERM at global step {steps[0]}" in stderr
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
 
 
 def test_two_hosts_on_loopback(tmp_path):
@@ -162,3 +318,144 @@ def test_fusion_config_is_checked_against_the_network():
     with pytest.raises(ValueError, match="strictly increasing"):
         check_fusion_config([100, 50], 161, "resnet50")
     assert fusion_config_for(161) == [85, 160]
+
+
+# ---- the collective stop and the sharded evaluation, one process standing in for the ranks ----
+
+class Params(dict):
+    """Stands in for ``RunContext.original_args()``."""
+    __getattr__ = dict.__getitem__
+
+
+def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step():
+    from mindspore.train import RunContext
+
+    from src.training.callbacks import StopSignals
+
+    log = logging.getLogger("test")
+    peer = [0]  # the other rank's signal number in the exchange (0: none)
+    exits = []
+    rank0 = StopSignals(log, exit_now=exits.append, gather=lambda mine: [mine, peer[0]])
+    context = RunContext(Params())
+    rank0.on_train_step_end(context)
+    assert rank0.received is None and not context.get_stop_requested()
+    peer[0] = signal.SIGTERM  # rank 1 got SIGTERM during this step
+    rank0.on_train_step_end(context)
+    assert rank0.received == "SIGTERM" and rank0.signum == 143 - 128
+    assert context.get_stop_requested() and rank0.own is None
+    rank0._handle(signal.SIGINT, None)  # its own first signal, while rank 0 saves: not an exit
+    assert exits == [] and rank0.received == "SIGTERM"
+    rank0._handle(signal.SIGINT, None)  # its own second one
+    assert exits == [128 + signal.SIGINT]
+
+    rank1 = StopSignals(log, gather=lambda mine: [0, mine])
+    rank1._handle(signal.SIGTERM, None)
+    assert rank1.own == "SIGTERM" and rank1.received is None  # noted, not acted on alone
+    context = RunContext(Params())
+    rank1.on_train_step_end(context)
+    assert rank1.received == "SIGTERM" and context.get_stop_requested()
+
+
+def test_every_rank_waits_for_rank0s_save_of_a_stop_and_learns_its_outcome(tmp_path):
+    from mindspore import nn
+    from mindspore.train import RunContext
+
+    from src.training.callbacks import CheckpointSaver, StepState, StopSignals
+
+    log = logging.getLogger("test")
+    path = str(tmp_path / checkpoint_name("net", 7, 10))
+    exchanged = []
+
+    def saver_of(rank, rank0_wrote):
+        def gather(mine):
+            exchanged.append((rank, mine))
+            return [mine, 0] if rank == 0 else [rank0_wrote, mine]
+        stop = StopSignals(log, gather=gather)
+        stop.received = "SIGTERM"  # as agreed at this step's exchange
+        return CheckpointSaver(StepState(start_step=7), stop, str(tmp_path), "net", 10, 100,
+                               write=rank == 0)
+
+    context = RunContext(Params(train_network=nn.Dense(2, 2)))
+    writer = saver_of(0, None)
+    writer.on_train_step_end(context)
+    assert exchanged == [(0, 1)] and writer.last_saved == path and os.path.exists(path)
+    assert context.get_stop_requested()
+    other = saver_of(1, 1)
+    other.on_train_step_end(RunContext(Params(train_network=nn.Dense(2, 2))))
+    assert other.last_saved == path and other.error is None  # finish() names rank 0's file
+    failed = saver_of(1, 0)
+    failed.on_train_step_end(RunContext(Params(train_network=nn.Dense(2, 2))))
+    assert failed.last_saved is None and "did not save" in failed.error
+
+
+def test_eval_shards_hold_each_image_once(tmp_path):
+    """MindSpore's sharding pads the shards to equal sizes with copies of other shards'
+    images; the first ``images`` rows of each shard are its own, and together every image
+    once."""
+    from src.training.evaluator import eval_shard
+
+    folder = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "e"), 3)
+    for name in sorted(os.listdir(os.path.join(folder, "cat")))[:2]:
+        os.remove(os.path.join(folder, "cat", name))
+    os.remove(os.path.join(folder, "dog", sorted(os.listdir(os.path.join(folder, "dog")))[0]))
+    args = dict(dataset="imagefolder", batch_size=4, image_size=32, eval_resize=32,
+                num_parallel_workers=1, check_images=False)
+
+    def rows(dataset):
+        return [(int(label), hash(image.tobytes())) for images, labels in
+                dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)
+                for image, label in zip(images, labels)]
+
+    everything = sorted(rows(eval_shard(folder, args).dataset))
+    assert len(everything) == 27
+    for num_shards in (2, 4, 5):
+        shards = [eval_shard(folder, args, num_shards, s) for s in range(num_shards)]
+        read = [rows(shard.dataset) for shard in shards]
+        assert sum(map(len, read)) > 27  # padded: counting every row would count some twice
+        own = [r[:shard.images] for r, shard in zip(read, shards)]
+        assert sorted(sum(own, [])) == everything, num_shards
+
+
+def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_rank0_writes(
+        tmp_path):
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.dataset import NumpySlicesDataset
+    from mindspore.train import Model
+
+    from src.training.evaluator import BestCheckpointEvaluator, EvalShard
+
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(4, 3), nn.BatchNorm1d(3)])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((10, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 10).astype(np.int32)
+    data = NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(4)
+    model = Model(net, eval_network=nn.WithEvalCell(net, nn.SoftmaxCrossEntropyWithLogits(
+        sparse=True, reduction="mean")), metrics={"top1": nn.Top1CategoricalAccuracy()},
+                  eval_indexes=[0, 1, 2])
+    rank0_mean = np.array([-5.0, 5.0, 0.0], np.float32)  # turns predictions to class 0
+    sent = []
+
+    def broadcast(arrays):  # [moving mean, moving variance]: rank 0's mean differs from ours
+        sent.extend(arrays)
+        return [rank0_mean, arrays[1]]
+
+    shard = EvalShard(data, images=7, sum_over_ranks=lambda counts: [2 * c for c in counts],
+                      broadcast=broadcast)  # a second rank that counted the same
+    own_mean = net[1].moving_mean.asnumpy().copy()
+    best = tmp_path / "net-best.ckpt"
+    result = BestCheckpointEvaluator(model, shard, str(best), net, write=False)()
+    assert len(sent) == 2  # moving mean and variance: the non-trainable parameters
+    np.testing.assert_array_equal(net[1].moving_mean.asnumpy(), own_mean)  # put back
+    z = x[:7] @ net[0].weight.asnumpy().T + net[0].bias.asnumpy()
+    std = np.sqrt(net[1].moving_variance.asnumpy() + 1e-5)
+    hits = ((z - rank0_mean) / std).argmax(axis=1) == y[:7]
+    assert (((z - own_mean) / std).argmax(axis=1) == y[:7]).sum() != hits.sum()  # it matters
+    assert result["eval_images"] == 14
+    assert result["top1"] == hits.sum() / 7  # the 7 own rows (not the 3 padded ones)
+    assert result["top5"] == 1.0  # 3 classes: top-3
+    assert not best.exists()  # only the writing rank saves
+    sent.clear()
+    BestCheckpointEvaluator(model, shard, str(best), net, write=True)()
+    assert best.exists()

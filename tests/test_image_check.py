@@ -75,3 +75,14 @@ def test_errors_are_user_errors(folder, tmp_path):
     with pytest.raises(UserError):
         check_image_folder(folder)
     assert issubclass(ImageFolderError, ValueError)  # callers that catch ValueError still do
+
+
+@pytest.mark.parametrize("link, target", [("cat/self.jpg", "self.jpg"), ("loop", "loop")])
+def test_links_that_cannot_be_followed_are_named(folder, link, target):
+    from src.deploy.inference import list_images
+    os.symlink(target, os.path.join(folder, link))  # a link to itself: ELOOP when followed
+    for check in (check_image_folder, list_images):
+        with pytest.raises(ImageFolderError, match=f"links that cannot be followed .*"
+                                                   f"{os.path.basename(link)} \\(Too many "
+                                                   f"levels of symbolic links\\)"):
+            check(folder)

@@ -5,6 +5,7 @@ folder batch by batch; eval counts the images it evaluated."""
 import importlib
 import json
 import os
+import shutil
 
 import mindspore as ms
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from src.deploy.inference import (
+    ModelFileError,
     ModelInputError,
     batched,
     list_images,
@@ -23,6 +25,7 @@ from src.deploy.inference import (
     softmax,
 )
 from src.models.resnet import create_network
+from src.utils.config import ConfigError
 from src.utils.errors import MissingFileError, UserError
 from tests.helpers import ROOT, copy_class_folders
 
@@ -179,3 +182,37 @@ def test_eval_reports_the_images_it_evaluated(r18_ckpt, tmp_path, monkeypatch, c
     assert report["images"] == 16  # not the 200 of the folder
     assert "over 16 images" in capsys.readouterr().out
     assert report["top1"] * 16 == pytest.approx(round(report["top1"] * 16))
+
+
+def test_predict_refuses_a_model_of_another_class_count(tmp_path, monkeypatch):
+    predict = importlib.import_module("predict")
+    image = os.path.join(SAMPLE, "test", "cat", os.listdir(os.path.join(SAMPLE, "test", "cat"))[0])
+    monkeypatch.setattr(predict, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(predict, "load_predictor",  # an exported 7-class model
+                        lambda *args: lambda x: np.zeros((len(x), 7), np.float32))
+    with pytest.raises(ConfigError, match="model.onnx outputs 7 classes but class_num is 10: "
+                                          "pass --class_num 7"):
+        predict.main(["--config_path", "configs/quick_start.yaml", "--checkpoint_path",
+                      str(tmp_path / "model.onnx"), "--image_path", image])
+
+
+def test_image_extensions_in_any_case_are_read_and_other_files_counted(tmp_path, caplog):
+    source = os.path.join(SAMPLE, "test", "cat")
+    first = sorted(os.listdir(source))[0]
+    for name in ("a.jpg", "b.Jpg", "c.JPEG"):
+        shutil.copy(os.path.join(source, first), tmp_path / name)
+    for name in ("notes.txt", "labels.txt", "README", ".hidden.jpg"):
+        (tmp_path / name).write_text("x")
+    with caplog.at_level("WARNING"):
+        found = list_images(str(tmp_path))
+    assert [os.path.basename(p) for p in found] == ["a.jpg", "b.Jpg", "c.JPEG"]
+    assert "skipped 4 files that are not images (.txt: 2, hidden: 1, no extension: 1)" in \
+        caplog.text
+
+
+@pytest.mark.parametrize("suffix, kind", [(".mindir", "MindIR"), (".onnx", "ONNX")])
+def test_a_corrupt_model_file_is_named(tmp_path, suffix, kind):
+    path = tmp_path / f"cut{suffix}"
+    path.write_bytes(b"\x08\x01\x12\x04" + os.urandom(3000))  # not a whole protobuf
+    with pytest.raises(ModelFileError, match=f"cannot load {kind} file {path}: "):
+        load_predictor(str(path), "resnet18", 10, 2)

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Layer of each package of src/: a module may import its own package and lower layers only.
-LAYERS = {"env": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2}
+LAYERS = {"env": 0, "startup": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2}
 
 
 def src_modules():

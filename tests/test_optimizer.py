@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-from src.training.optimizer import OPTIMIZERS, create_optimizer, split_weight_decay
+from src.training.optimizer import (
+    MAX_BIAS_CORRECTION_STEPS,
+    OPTIMIZERS,
+    bias_correction_table,
+    create_optimizer,
+    split_weight_decay,
+)
 
 NAMES = ("dense.weight", "dense.bias", "bn.gamma", "bn.beta")
 DECAYED = ("dense.weight",)
@@ -293,6 +299,73 @@ def test_lamb_zero_weight_norm_takes_the_full_step():
     g = grads[0]["bn.beta"].astype(np.float64)
     np.testing.assert_allclose(first["bn.beta"], -LRS[0] * g / (np.abs(g) + 1e-8),
                                rtol=0, atol=1e-7)
+
+
+# ---- bias corrections: host tables (no float64 in the graph, tests/test_graph_dtypes.py) ----
+
+@pytest.mark.parametrize("beta, length", [(0.9, 165), (0.999, 17321), (0.9999, 173250)])
+def test_bias_correction_table_is_torchs_python_floats_in_float32(beta, length):
+    """Entry i is float32(1 - beta^(i+1)) with beta**t in Python floats (torch.optim.AdamW's
+    bias_correction = 1 - beta ** step), for the float32 beta; the table ends at the first
+    1.0 (every later step is 1.0 too); max_steps cuts it short."""
+    b = f32(beta)
+    table = bias_correction_table(np.float32(beta))
+    expected = np.array([1.0 - b ** t for t in range(1, length + 1)]).astype(np.float32)
+    np.testing.assert_array_equal(table, expected)
+    assert table[-1] == 1.0 > table[-2]
+    assert np.float32(1.0 - b ** (length + 1000)) == 1.0
+    np.testing.assert_array_equal(bias_correction_table(np.float32(beta), 7), expected[:7])
+
+
+@pytest.mark.parametrize("lr", [0.05, "array"])
+@pytest.mark.parametrize("t", [1, 2, 5, 165, 166, 17321, 17322, 300000])
+def test_bias_correction_of_a_resumed_step(t, lr):
+    """A run resumed at step t (global_step t - 1 restored from its checkpoint, moments 0) takes
+    torch.optim.AdamW's step t: bias corrections 1 - beta^t of that step, also where the float32
+    tables end (beta1's at 165, beta2's at 17321) and beyond, with a constant LR or a per-step
+    LR array (whose table ends at its last step, here t)."""
+    init = initial_values(beta_zero=False)
+    g = gradient_steps(init, steps=1)[0]
+    lrs = np.full(t, 0.05, np.float32) if lr == "array" else lr
+    net = LinearLossNet(init)
+    optimizer = create_optimizer(net, lrs, optimizer="adamw", weight_decay=WD)
+    optimizer.global_step.set_data(ms.Tensor(np.array([t - 1], np.int32)))
+    optimizer(tuple(ms.Tensor(g[k]) for k in NAMES))
+    assert int(optimizer.global_step.asnumpy()[0]) == t
+    h = hyper(1e-8)
+    for k in NAMES:
+        w, grad = init[k].astype(np.float64), g[k].astype(np.float64)
+        m_hat = (1 - h["beta1"]) * grad / (1 - h["beta1"] ** t)
+        v_hat = (1 - h["beta2"]) * grad ** 2 / (1 - h["beta2"] ** t)
+        decay = h["wd"] if k in DECAYED else 0.0
+        expected = w - f32(0.05) * (m_hat / (np.sqrt(v_hat) + h["eps"]) + decay * w)
+        np.testing.assert_allclose(net.parameters_dict()[k].asnumpy(), expected, rtol=0,
+                                   atol=TOL, err_msg=f"{k} at step {t}")
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_bias_corrections_add_no_parameters(name):
+    """The tables are graph constants: the optimizer's Parameters (what checkpoints hold) are
+    the network's, the two moments, global_step and learning_rate, as before."""
+    optimizer = create_optimizer(LinearLossNet(initial_values()), LRS, optimizer=name)
+    first, second = (m[0].name.split(".")[0] for m in (optimizer.moments1, optimizer.moments2))
+    expected = {*NAMES, *(f"{p}.{n}" for p in (first, second) for n in NAMES), "global_step",
+                "learning_rate"}
+    assert set(optimizer.parameters_dict()) == expected
+
+
+def test_beta_too_close_to_one_needs_the_lr_per_step():
+    """beta2 = 0.99999: float32 1 - beta2^t stays below 1.0 for 1.7 million steps, more than
+    MAX_BIAS_CORRECTION_STEPS: with a constant LR (no number of steps) that is an error; with
+    an LR per step the table ends at the last step. A beta that is 1.0 in float32 is refused."""
+    net = LinearLossNet(initial_values())
+    assert MAX_BIAS_CORRECTION_STEPS < 1_700_000
+    with pytest.raises(ValueError, match="give the learning rate per step"):
+        create_optimizer(net, 0.1, optimizer="adamw", beta2=0.99999)
+    optimizer = create_optimizer(net, LRS, optimizer="adamw", beta2=0.99999)
+    assert optimizer.bias_correction2.shape == (len(LRS),)
+    with pytest.raises(ValueError, match="must be in"):
+        create_optimizer(net, LRS, optimizer="lamb", beta2=1 - 1e-9)
 
 
 # ---- groups ----

@@ -1,16 +1,23 @@
-"""ResNet cells: shapes for every depth, parameter counts, names, stride placement, init."""
+"""ResNet cells: shapes for every depth, parameter counts, names, stride placement, init, the
+stem max pool's two forms and which device target gets which."""
 import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
 import numpy as np
 import pytest
 
+from src.deploy.inference import preprocess_images
 from src.models.resnet import (
     NETWORKS,
+    STEM_MAX_POOLS,
     Bottleneck,
     MaxPoolPad1,
     batch_norm,
     create_network,
+    use_device_max_pool,
     use_exportable_max_pool,
 )
+from tests.helpers import imagenet_images
 
 # torchvision's parameter counts (trainable) at 1000 classes.
 TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
@@ -139,6 +146,54 @@ def test_exportable_maxpool_gives_the_same_network_output():
     rng = np.random.default_rng(0)
     x = np.maximum(rng.standard_normal((1, 2, 9, 9)), 0).astype(np.float32)
     np.testing.assert_array_equal(MaxPoolPad1()(ms.Tensor(x)).asnumpy(), torch_max_pool(x)[0])
+
+
+def is_torch_form(pool):
+    """``nn.MaxPool2d(pad_mode='pad', padding=1)``: MaxPool3DWithArgmax on a 5-D view."""
+    return (isinstance(pool, nn.MaxPool2d) and isinstance(pool.max_pool, ops.MaxPool3DWithArgmax)
+            and pool.padding == (0, 1, 1))
+
+
+def test_stem_pool_form_per_device_target():
+    # a table, not an if-chain: every target MindSpore runs on has one entry
+    assert set(STEM_MAX_POOLS) == {"CPU", "GPU", "Ascend"}
+    for target, form in (("CPU", is_torch_form), ("GPU", is_torch_form),
+                         ("Ascend", lambda pool: isinstance(pool, MaxPoolPad1))):
+        net = create_network("resnet18", 10)
+        assert is_torch_form(net.maxpool)  # no target: torch's form, as before
+        assert use_device_max_pool(net, target) is net and form(net.maxpool), target
+        assert form(create_network("resnet18", 10, device_target=target).maxpool), target
+    # the swap adds or removes no parameter: checkpoints load into either form
+    assert count(create_network("resnet18", device_target="Ascend")) == 11_689_512
+    with pytest.raises(ValueError, match="device_target 'NPU'.*CPU, GPU, Ascend"):
+        use_device_max_pool(create_network("resnet18", 10), "NPU")
+
+
+def test_pool_forms_equal_after_relu_on_real_images():
+    """On the stem's ReLU output of real images (flat regions give ties), the Ascend form
+    (zero padding + 'valid') equals torch's form (-inf padding): forward exactly; gradients
+    through the ReLU exactly here on CPU. Before the ReLU's backward they differ only where a
+    window's maximum is 0 (ties between zeros, padding included), which the ReLU's gradient
+    (0 at 0) discards."""
+    images = ms.Tensor(preprocess_images(imagenet_images()[:4], 224, 256))
+    net = create_network("resnet18", 10)
+    net.set_train(False)
+    stem = net.bn1(net.conv1(images))  # pre-ReLU, (4, 64, 112, 112)
+    relu = ops.ReLU()
+    torch_form, ascend_form = create_network("resnet18", 10).maxpool, MaxPoolPad1()
+    out = torch_form(relu(stem)).asnumpy()
+    assert out.shape == (4, 64, 56, 56) and (out == 0).any()  # all-zero windows exist
+    np.testing.assert_array_equal(ascend_form(relu(stem)).asnumpy(), out)
+    weights = ms.Tensor(np.random.default_rng(0).standard_normal(out.shape).astype(np.float32))
+
+    def grad(pool, at, through_relu):
+        head = (lambda t: pool(relu(t))) if through_relu else pool
+        return ms.grad(lambda t: (head(t) * weights).sum())(at).asnumpy()
+
+    np.testing.assert_array_equal(grad(ascend_form, stem, True), grad(torch_form, stem, True))
+    activations = relu(stem)
+    differ = grad(ascend_form, activations, False) != grad(torch_form, activations, False)
+    assert not (differ & (activations.asnumpy() != 0)).any()
 
 
 def test_unknown_name_lists_valid_names():

@@ -1,6 +1,7 @@
 """Resume: a run killed mid-epoch and resumed ends bit-identical to an uninterrupted one;
 SIGTERM saves and stops; unreadable checkpoints are passed over; non-finite losses stop."""
 import glob
+import json
 import os
 import re
 import shutil
@@ -119,6 +120,8 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact(cifar_small, uninterrup
     assert f"{done[-1]} steps done" in resumed.stdout
     print(f"\n[resume] killed after step {done[-1]} of 30; resumed run ends bit-identical")
     assert_same_final_state(out, uninterrupted)
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["epoch"] for r in records] == [1, 2, 3]  # exactly one record per epoch
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

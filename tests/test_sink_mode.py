@@ -4,6 +4,7 @@ tested by calling the callbacks as ``Model.train`` does on GPU/Ascend: once per 
 ``sink_size`` steps, with the last step's outputs."""
 import logging
 import os
+from types import SimpleNamespace
 
 import mindspore as ms
 import mindspore.nn as nn
@@ -11,17 +12,9 @@ import numpy as np
 import pytest
 from mindspore.train import RunContext
 
-from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor
+from src.training.callbacks import CheckpointSaver, StepState, StopAtStep, StopSignals, TrainMonitor
 from src.utils.config import ConfigError, parse_config
-from train import epoch_calls, resolve_sink_size
-
-
-@pytest.mark.parametrize("remaining, sink, calls", [
-    (10, 0, [(10, 0)]), (10, 5, [(10, 5)]), (10, 4, [(2, 0), (8, 4)]), (3, 5, [(3, 0)]),
-    (7, 5, [(2, 0), (5, 5)])])
-def test_epoch_calls_end_on_the_uninterrupted_run_s_sink_boundaries(remaining, sink, calls):
-    assert epoch_calls(remaining, sink) == calls
-    assert sum(steps for steps, _ in calls) == remaining
+from train import build_data, resolve_sink_size, run_dataset, train_sunk
 
 
 def test_sink_size_per_device_and_setting():
@@ -39,6 +32,111 @@ def test_sink_size_per_device_and_setting():
     assert resolve_sink_size(parse_config(pynative), 100) == 0
     with pytest.raises(ConfigError, match="needs mode GRAPH"):
         resolve_sink_size(parse_config(pynative + ["--dataset_sink_mode", "true"]), 100)
+
+
+def test_a_sink_size_larger_than_the_epoch_is_an_error_naming_both():
+    # MindSpore would run such an epoch step by step while the log said "1000 steps per call"
+    cfg = parse_config(["--device_target", "Ascend", "--sink_size", "1000"])
+    with pytest.raises(ConfigError, match="sink_size 1000 is larger than an epoch \\(625 steps"):
+        resolve_sink_size(cfg, 625)
+
+
+def test_a_sink_size_that_does_not_divide_the_epoch_is_an_error_naming_divisors():
+    cfg = parse_config(["--device_target", "Ascend", "--sink_size", "100"])
+    with pytest.raises(ConfigError, match="sink_size 100 does not divide an epoch of 625 "
+                                          "steps.*125"):
+        resolve_sink_size(cfg, 625)
+    cfg = parse_config(["--device_target", "Ascend", "--sink_size", "125"])
+    assert resolve_sink_size(cfg, 625) == 125
+
+
+class RecordingModel:
+    """Stand-in for ``Model`` in sink mode (which MindSpore runs on GPU/Ascend only): records
+    each ``train`` call and moves the step count as the real one would."""
+
+    def __init__(self, state, steps_per_epoch):
+        self.state, self.steps_per_epoch, self.calls = state, steps_per_epoch, []
+
+    def train(self, epoch, dataset, callbacks, dataset_sink_mode, sink_size=-1,
+              initial_epoch=0):
+        self.calls.append(dict(epoch=epoch, dataset=dataset, sink=dataset_sink_mode,
+                               sink_size=sink_size, initial_epoch=initial_epoch,
+                               init_step=dataset.init_step))
+        stop_at = [c.step for c in callbacks if isinstance(c, StopAtStep)]
+        if dataset_sink_mode:
+            self.state.global_step = epoch * sink_size
+        else:
+            self.state.global_step = stop_at[0] if stop_at else epoch * self.steps_per_epoch
+
+
+class FakeDataset:
+    def __init__(self):
+        self.init_step = 0
+
+    def set_init_step(self, step):
+        self.init_step = step
+
+
+def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4):
+    state = StepState(start_step)
+    model = RecordingModel(state, steps_per_epoch)
+    built = []
+
+    def build(cfg, data):
+        built.append(FakeDataset())
+        return built[-1]
+
+    cbs = SimpleNamespace(state=state, saver=SimpleNamespace(error=None), all=[state])
+    cfg = SimpleNamespace(epoch_size=epoch_size)
+    data = SimpleNamespace(steps_per_epoch=steps_per_epoch)
+    stop = StopSignals(logging.getLogger("test"))
+    train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=build)
+    return model.calls, built, state
+
+
+def test_a_sink_mode_run_builds_one_pipeline_and_calls_model_train_once():
+    # one dataset object -> one connect_network_with_dataset -> one compiled sunk graph
+    calls, built, state = sunk_run(start_step=0, sink_size=5)
+    assert len(built) == 1 and len(calls) == 1
+    assert calls[0] == dict(epoch=8, dataset=built[0], sink=True, sink_size=5, initial_epoch=0,
+                            init_step=0)
+    assert state.global_step == 40
+
+
+def test_a_sink_mode_run_resumed_at_an_epoch_boundary_starts_its_one_pipeline_there():
+    calls, built, state = sunk_run(start_step=20, sink_size=10)
+    assert len(built) == 1 and len(calls) == 1
+    assert calls[0]["init_step"] == 20 and calls[0]["initial_epoch"] == 2
+    assert calls[0]["epoch"] == 4 and calls[0]["sink"] and state.global_step == 40
+
+
+def test_a_sink_mode_run_resumed_off_a_call_boundary_trains_the_head_step_by_step():
+    calls, built, state = sunk_run(start_step=13, sink_size=5)
+    assert len(built) == 2 and len(calls) == 2
+    head, sunk = calls
+    assert not head["sink"] and head["init_step"] == 13 and head["initial_epoch"] == 1
+    assert sunk["sink"] and sunk["init_step"] == 15 and sunk["initial_epoch"] == 3
+    assert sunk["epoch"] == 8 and state.global_step == 40
+
+
+def test_the_run_pipeline_resumed_at_an_epoch_boundary_keeps_the_data_order(cifar_small):
+    """``Dataset.set_init_step`` on the one pipeline of a sink-mode run: the epochs after the
+    resume step hold the same images in the same order as the uninterrupted run's (fast
+    recovery: the random crops differ, which is what the docs say)."""
+    cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--data_path",
+                        cifar_small["train"], "--batch_size", "16", "--class_num", "10"])
+    data = build_data(cfg, 0, 1)
+
+    def labels(dataset, epochs, first):
+        it = dataset.create_tuple_iterator(num_epochs=cfg.epoch_size, output_numpy=True)
+        return [[b[1].tolist() for b in it] for _ in range(epochs)][first:]
+
+    steps = data.steps_per_epoch
+    uninterrupted = labels(run_dataset(cfg, data), 3, 1)
+    resumed = run_dataset(cfg, data)
+    resumed.set_init_step(steps)
+    assert labels(resumed, 2, 0) == uninterrupted
+    assert uninterrupted[0] != uninterrupted[1]  # reshuffled every epoch
 
 
 def test_mindspore_has_no_sink_mode_on_cpu():

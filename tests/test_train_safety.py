@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import mindspore as ms
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from mindspore import nn
 from mindspore.train import RunContext
 
-from src.training.callbacks import CheckpointSaver, StepState, StopSignals
+from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor
 from src.training.output_dir import prepare_output_dir
 from src.training.resume import agree_across_ranks
 from src.utils.checkpoint import atomic_save_checkpoint, checkpoint_name
@@ -85,7 +86,8 @@ def test_train_py_refuses_to_mix_runs_and_keeps_the_old_records(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"output_dir {out} holds another run's files" in result.stderr
     assert open(out / "metrics.jsonl").read() == "another run's records\n"
-    assert sorted(os.listdir(out)) == ["metrics.jsonl", "resnet18-8_31.ckpt"]
+    # the lock it took stays, naming its last holder
+    assert sorted(os.listdir(out)) == [".run.lock", "metrics.jsonl", "resnet18-8_31.ckpt"]
 
 
 # ---- the saver: own files only, failures stop the run ----
@@ -152,15 +154,24 @@ def test_finish_exit_status_names_the_last_good_checkpoint(tmp_path, caplog):
 
     state, stop = StepState(start_step=7), StopSignals(LOG)
     saver = CheckpointSaver(state, stop, str(tmp_path), "net", 10, 20)
+    monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 1, None, LOG)
+    cbs = SimpleNamespace(state=state, saver=saver, monitor=monitor)
     saver.error, saver.last_saved = "cannot write checkpoint x: disk full", "net-1_6.ckpt"
     with caplog.at_level(logging.INFO):
-        assert train.finish(state, stop, saver, 20, str(tmp_path), LOG) == 4
+        assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 4
     assert "last good checkpoint: net-1_6.ckpt" in caplog.text
     saver.error = None
+    monitor.error = "cannot write metrics.jsonl: No space left on device"
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 4
+    assert "stopped: cannot write metrics.jsonl: No space left on device; last good " \
+           "checkpoint: net-1_6.ckpt" in caplog.text
+    monitor.error = None
     stop.received = "SIGTERM"
-    assert train.finish(state, stop, saver, 20, str(tmp_path), LOG) == 143
+    assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 143
     state.global_step = 20  # the signal came after the last step: the run is complete
-    assert train.finish(state, stop, saver, 20, str(tmp_path), LOG) == 0
+    assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 0
 
 
 def test_atomic_save_flushes_the_file_before_the_rename_and_the_folder_after(tmp_path,
@@ -336,3 +347,37 @@ def test_all_gather_int_over_two_real_ranks(tmp_path):
     assert result.returncode == 0, logs[-3000:]
     for rank in range(2):
         assert f"rank {rank} gathered [3, 13] [-1, 499999]" in logs
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py", "predict.py", "export.py"])
+def test_a_signal_while_the_imports_load_is_one_line(script):
+    """MindSpore takes seconds to import; a SIGTERM then used to end the process silently."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), "--help"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # importing src.env, src.startup and then MindSpore (several seconds)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stdout[-1000:] + stderr[-1000:]
+    assert stderr.strip().splitlines() == [f"{script}: stopped by SIGTERM"]
+
+
+def test_a_signal_while_an_entry_point_runs_cleans_up_and_is_one_line(capsys):
+    from src.utils.cli import run_entry_point
+    cleaned = []
+
+    def main(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            cleaned.append(True)  # e.g. an export's temporary file removed
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run_entry_point(main)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert exit_info.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert capsys.readouterr().err.endswith("stopped by SIGTERM\n")

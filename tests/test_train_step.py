@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from src.training.train_step import EMA_COUNTER, TrainStep, WeightEma, clip_by_global_norm
+from src.utils.checkpoint import OVERFLOW_COUNTER
 
 
 class Small(nn.Cell):
@@ -92,11 +93,12 @@ def test_ema_equals_the_formula_over_steps(warmup):
     assert any(not np.allclose(averages["ema." + k], v) for k, v in params(net).items())
 
 
-def test_ema_parameters_are_named_for_checkpoints():
+def test_ema_and_overflow_parameters_are_named_for_checkpoints():
     net, opt, with_loss = make()
     step = TrainStep(with_loss, opt, ema=WeightEma(net, 0.99))
     names = {p.name for p in step.get_parameters()}
     assert "ema.conv.weight" in names and "ema.bn.moving_mean" in names and EMA_COUNTER in names
+    assert OVERFLOW_COUNTER in names and not step.overflow_count.requires_grad
 
 
 def test_accumulation_equals_one_step_on_the_whole_batch():

@@ -2,6 +2,7 @@
 import os
 
 from src.utils.errors import MissingFileError
+from src.utils.files import atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGENET_CLASSES = os.path.join(ROOT, "data", "imagenet_classes.tsv")
@@ -29,9 +30,12 @@ def read_class_names(path):
 
 
 def write_class_names(path, names):
-    """Write one class name per line, in label order."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(f"{name}\n" for name in names))
+    """Write one class name per line, in label order, atomically.
+
+    Raises:
+        WriteError: If the file cannot be written (names it).
+    """
+    atomic_write_text(path, "".join(f"{name}\n" for name in names))
 
 
 def default_class_names_path(checkpoint_path, class_num):

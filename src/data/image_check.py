@@ -29,11 +29,63 @@ TAIL_BYTES = 4096
 METADATA_PREFIX = "._"  # macOS AppleDouble files: "._photo.jpg" is not an image
 SHOWN = 5
 PROGRESS_MIN_FILES = 20000  # a few seconds of checking: smaller folders show no progress
+MAX_PIXELS_WORDS = "more pixels than max_image_pixels"  # in the decoder's error (transforms)
 
 
 class ImageFolderError(UserError, ValueError):
     """Image files, or a class-folder dataset, cannot be read as they are; the message names
     the files."""
+
+
+def set_max_image_pixels(limit):
+    """The one pixel-count limit of every entry point (key ``max_image_pixels``): Pillow's own
+    (``PIL.Image.MAX_IMAGE_PIXELS``, which its ``Image.open`` consults), read by the image
+    check, the eval decoder and predict alike; an image above it is an error naming the file
+    and the limit. Set once at start-up, before any image is opened.
+
+    Args:
+        limit (int): Width x height of the largest image accepted.
+    """
+    Image.MAX_IMAGE_PIXELS = int(limit)
+
+
+def too_many_pixels(image):
+    """``"W x H"`` of an opened (lazy) Pillow image above the limit, else None."""
+    width, height = image.size
+    limit = Image.MAX_IMAGE_PIXELS
+    return f"{width} x {height}" if limit and width * height > limit else None
+
+
+def oversized(path):
+    """``"W x H"`` if the image at ``path`` has more pixels than the limit
+    (``set_max_image_pixels``), else None; reads the header only. Files Pillow cannot open
+    are left to the integrity check."""
+    try:
+        with Image.open(path) as image:
+            return too_many_pixels(image)
+    except Image.DecompressionBombError:  # above twice the limit: refused by Pillow itself
+        return "more than twice the limit"
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def scan_folder(folder):
+    """The sub-folders and files of ``folder`` (names, sorted), links followed.
+
+    Raises:
+        ImageFolderError: Naming the entries whose links cannot be followed (a link to
+            itself, a loop of links: ``OSError`` ELOOP), instead of a traceback.
+    """
+    folders, files, unreadable = [], [], []
+    for entry in os.scandir(folder):
+        try:
+            (folders if entry.is_dir() else files if entry.is_file() else []).append(entry.name)
+        except OSError as err:
+            unreadable.append(f"{entry.path} ({err.strerror})")
+    if unreadable:
+        raise ImageFolderError(_listing("links that cannot be followed (a link to itself or "
+                                        "a loop of links): remove them", sorted(unreadable)))
+    return sorted(folders), sorted(files)
 
 
 def is_image_name(name):
@@ -78,15 +130,22 @@ def _listing(text, paths):
 
 
 def broken_images(paths):
-    """The files among ``paths`` that fail ``is_intact``, in order; progress is shown for
-    more than ``PROGRESS_MIN_FILES`` files."""
-    broken = []
+    """The files among ``paths`` above the pixel limit (``oversized``) and those that fail
+    ``is_intact``, in order; progress is shown for more than ``PROGRESS_MIN_FILES`` files.
+
+    Returns:
+        tuple(list[str], list[str]): (too large as "path (W x H)", broken paths).
+    """
+    large, broken = [], []
     with Progress(len(paths), "image check", quiet=len(paths) <= PROGRESS_MIN_FILES) as progress:
         for path in paths:
-            if not is_intact(path):
+            size = oversized(path)
+            if size:
+                large.append(f"{path} ({size})")
+            elif not is_intact(path):
                 broken.append(path)
             progress.update(1)
-    return broken
+    return large, broken
 
 
 def check_image_folder(data_path, check_content=True):
@@ -116,14 +175,14 @@ def check_image_folder(data_path, check_content=True):
     key = os.path.realpath(data_path)
     if key in _CHECKED and (_CHECKED[key][1] or not check_content):
         return list(_CHECKED[key][0])
-    classes = sorted(e.name for e in os.scandir(data_path) if e.is_dir())
+    classes = scan_folder(data_path)[0]
     if not classes:
         raise MissingFileError(f"data_path {data_path!r} holds no class folders: expected one "
                                f"sub-folder of images per class")
     skipped, metadata, empty, real = [], [], [], []
     for cls in classes:
         folder = os.path.join(data_path, cls)
-        files = sorted(e.name for e in os.scandir(folder) if e.is_file())
+        files = scan_folder(folder)[1]
         skipped += [os.path.join(folder, n) for n in files if not is_image_name(n)]
         images = [n for n in files if is_image_name(n)]
         metadata += [os.path.join(folder, n) for n in images if n.startswith(METADATA_PREFIX)]
@@ -138,7 +197,12 @@ def check_image_folder(data_path, check_content=True):
     if metadata:
         raise ImageFolderError(_listing(f"macOS metadata files would be read as images; remove "
                                         f"them (find {data_path} -name '._*' -delete)", metadata))
-    broken = broken_images(real) if check_content else []
+    large, broken = broken_images(real) if check_content else ([], [])
+    if large:
+        raise ImageFolderError(_listing(f"images with more pixels than max_image_pixels "
+                                        f"{Image.MAX_IMAGE_PIXELS} (Pillow's decompression-bomb "
+                                        f"limit by default): raise the key to read them",
+                                        large))
     if broken:
         raise ImageFolderError(_listing("corrupt or truncated image files (they crash the "
                                         "decoder); remove or replace them", broken))
@@ -166,5 +230,9 @@ def readable_pipeline_errors():
         match = _FAILED_FILE.search(str(err))
         if match is None:
             raise
+        if MAX_PIXELS_WORDS in str(err):
+            raise ImageFolderError(f"image {match.group(1)} has more pixels than "
+                                   f"max_image_pixels {Image.MAX_IMAGE_PIXELS}: raise the key to "
+                                   f"read it") from err
         raise ImageFolderError(f"cannot decode image {match.group(1)} (corrupt, truncated or "
                                f"not an image): remove or replace it") from err

@@ -4,13 +4,66 @@ and center crop for evaluation, ImageNet normalization (torchvision / NVIDIA Ima
 The training policies beyond crop and flip (TrivialAugment, RandAugment, AutoAugment, random
 erasing) live in ``src.data.augment``; ``create_transforms`` puts them in torchvision's order.
 """
+import io
+
 import mindspore.dataset.vision as vision
+import numpy as np
+from PIL import Image
 
 from src.data.augment import RandomErasing, auto_augment_ops, check_augment_args
+from src.data.image_check import MAX_PIXELS_WORDS, too_many_pixels
 
 # ImageNet mean / std of torchvision and NVIDIA, in units of 0-255 pixel values.
 IMAGENET_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 IMAGENET_STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+"""Pillow modes of 16-bit greyscale images (PNG opens as ``I;16`` or ``I``)."""
+
+
+def decode_rgb(data):
+    """Encoded image bytes -> a Pillow RGB image: Pillow's decode, as
+    ``vision.Decode(to_pil=True)`` (torchvision's pixels for the eval resize), except that a
+    16-bit greyscale image keeps the high byte of each pixel, as the training decoder
+    (OpenCV) does: Pillow's own ``I;16`` -> RGB conversion clips every pixel to 255. Palette,
+    LA, RGBA (alpha dropped) and CMYK images convert as in the training decoder already.
+
+    Args:
+        data (numpy.ndarray or bytes): The encoded file (uint8).
+
+    Returns:
+        PIL.Image.Image: RGB, 8 bits per channel.
+
+    Raises:
+        ValueError: If the image has more pixels than the limit (``set_max_image_pixels``;
+            the message says so) or cannot be decoded.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        size = too_many_pixels(image)
+        if size:
+            raise ValueError(f"{size} pixels: {MAX_PIXELS_WORDS} {Image.MAX_IMAGE_PIXELS}")
+        if image.mode in SIXTEEN_BIT_MODES:
+            image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8))
+        return image.convert("RGB")
+    except Image.DecompressionBombError as err:
+        raise ValueError(f"{MAX_PIXELS_WORDS} {Image.MAX_IMAGE_PIXELS}: {err}") from err
+    except OSError as err:
+        raise ValueError(f"cannot decode the image: {err}") from err
+
+
+class DecodeRGB(vision.Decode):
+    """``vision.Decode(to_pil=True)`` decoding with ``decode_rgb``: a MindSpore op of the
+    Python (PIL) implementation, so the ops after it in a pipeline stay on PIL images (the
+    eval resize is PIL's antialiased one; a plain Python function would hand them a numpy
+    array and OpenCV would resize instead)."""
+
+    def __init__(self):
+        super().__init__(to_pil=True)
+
+    def _execute_py(self, img):
+        return decode_rgb(img)
 
 
 def create_transforms(is_training, image_size=224, eval_resize=256, decoded=False,
@@ -26,8 +79,9 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
     Eval: decode to a PIL image, resize the shorter side to ``eval_resize`` with PIL's
     antialiased bilinear filter, center crop ``image_size``, normalize, HWC -> CHW: the same
     pixels as torchvision's ``Resize(256)``/``CenterCrop(224)`` on PIL images (OpenCV's bilinear
-    resize has no antialiasing and differs by 3.7 of 255 on average). Greyscale and CMYK
-    JPEGs decode to 3-channel RGB. The augmentation arguments are checked but ignored for eval.
+    resize has no antialiasing and differs by 3.7 of 255 on average). Greyscale, CMYK,
+    palette, 16-bit and alpha images decode to 8-bit RGB, the same pixels as in training
+    (``decode_rgb``). The augmentation arguments are checked but ignored for eval.
 
     Args:
         is_training (bool): Training (random) or eval (deterministic) transforms.
@@ -66,6 +120,6 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
                                   randaugment_magnitude)
         erasing = [RandomErasing(random_erasing)] if random_erasing > 0 else []
         return [crop, vision.RandomHorizontalFlip(prob=0.5)] + policy + normalize + erasing
-    to_pil = vision.ToPIL() if decoded else vision.Decode(to_pil=True)
+    to_pil = vision.ToPIL() if decoded else DecodeRGB()
     return [to_pil, vision.Resize(eval_resize, vision.Inter.BILINEAR),
             vision.CenterCrop(image_size), vision.ToNumpy()] + normalize

@@ -6,7 +6,7 @@ import os
 import mindspore as ms
 import numpy as np
 
-from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError
+from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError, scan_folder
 from src.data.transforms import create_transforms
 from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
@@ -16,11 +16,15 @@ from src.utils.errors import MissingFileError, UserError
 LOGGER = logging.getLogger(__name__)
 
 
+class ModelFileError(UserError):
+    """A model file (.mindir, .onnx) exists but cannot be loaded."""
+
+
 class ModelInputError(UserError, ValueError):
     """Images do not have the input shape an exported model was exported with."""
 
 
-def load_network(net_name, class_num, checkpoint_path, use_ema=True):
+def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_target=None):
     """Build a network, load a checkpoint into it strictly and switch to inference mode.
 
     A log line says whether the checkpoint's weight EMA (``ema_decay`` runs) or its live
@@ -31,6 +35,8 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True):
         class_num (int): Classifier outputs.
         checkpoint_path (str): ``.ckpt`` file.
         use_ema (bool): Load the EMA weights when the checkpoint holds them.
+        device_target (str, optional): Picks the stem max-pool form for that device
+            (``src.models.resnet.STEM_MAX_POOLS``); None: torch's form.
 
     Returns:
         nn.Cell: The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
@@ -42,7 +48,7 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True):
     """
     if not checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
-    net = create_network(net_name, class_num)
+    net = create_network(net_name, class_num, device_target=device_target)
     _, ema = load_into_network(net, checkpoint_path, use_ema=use_ema)
     LOGGER.info("%s: %s", checkpoint_path, "its EMA weights (use_ema true)" if ema else
                 "its network weights" + (" (it holds no EMA)" if use_ema else
@@ -54,6 +60,10 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True):
 def list_images(image_path):
     """An image file, or the images of a folder (sorted, recursive), as a list of paths.
 
+    In a folder, the image extensions (``IMAGE_EXTENSIONS``) match in any case (``.Jpg``
+    too: Pillow reads them); the other files, and hidden ones, are skipped with one warning
+    that counts them by extension.
+
     Raises:
         MissingFileError: If the path does not exist or the folder holds no images.
     """
@@ -61,12 +71,35 @@ def list_images(image_path):
         return [image_path]
     if not os.path.isdir(image_path):
         raise MissingFileError(f"image_path {image_path!r} is neither a file nor a folder")
-    found = sorted(os.path.join(root, name) for root, _, names in os.walk(image_path)
-                   for name in names
-                   if os.path.splitext(name)[1] in IMAGE_EXTENSIONS and not name.startswith("."))
+    extensions = {e.lower() for e in IMAGE_EXTENSIONS}
+    found, skipped = [], {}
+    for root, _, names in walk_images(image_path):
+        for name in names:
+            ext = os.path.splitext(name)[1]
+            if ext.lower() in extensions and not name.startswith("."):
+                found.append(os.path.join(root, name))
+            else:
+                key = "hidden" if name.startswith(".") else ext or "no extension"
+                skipped[key] = skipped.get(key, 0) + 1
+    if skipped:
+        LOGGER.warning("image_path %s: skipped %d files that are not images (%s)", image_path,
+                       sum(skipped.values()),
+                       ", ".join(f"{k}: {n}" for k, n in sorted(skipped.items())))
     if not found:
         raise MissingFileError(f"no images ({', '.join(IMAGE_EXTENSIONS[:4])}) in {image_path}")
-    return found
+    return sorted(found)
+
+
+def walk_images(top):
+    """``os.walk`` of ``top`` (links to folders not followed, as ``os.walk``), its files
+    listed by ``scan_folder``: a link that cannot be followed is an ``ImageFolderError``
+    naming it."""
+    folders, files = scan_folder(top)
+    yield top, folders, files
+    for name in folders:
+        path = os.path.join(top, name)
+        if not os.path.islink(path):
+            yield from walk_images(path)
 
 
 def preprocess_images(paths, image_size=224, eval_resize=256):
@@ -107,9 +140,15 @@ def load_mindir(path):
 
     Raises:
         MissingFileError: If the file does not exist.
+        ModelFileError: If MindSpore cannot load it (cut short, not a MindIR file).
     """
     _require_file(path, "MindIR")
-    return ms.nn.GraphCell(ms.load(path))
+    try:
+        graph = ms.load(path)
+    except (RuntimeError, ValueError) as err:
+        raise ModelFileError(f"cannot load MindIR file {path}: {str(err).splitlines()[0]} "
+                             f"(cut short, or not a .mindir written by export.py?)") from err
+    return ms.nn.GraphCell(graph)
 
 
 def declared_shape(dims):
@@ -152,6 +191,7 @@ def load_onnx(path):
     Raises:
         MissingFileError: If the file does not exist.
         ImportError: If onnxruntime is not installed (it is in requirements.txt).
+        ModelFileError: If ONNX Runtime cannot load it (cut short, not an ONNX model).
     """
     _require_file(path, "ONNX")
     try:
@@ -159,7 +199,11 @@ def load_onnx(path):
     except ImportError as err:
         raise ImportError("running an ONNX file needs ONNX Runtime: pip install onnxruntime "
                           "(in requirements.txt)") from err
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own types (InvalidProtobuf, Fail, ...)
+        raise ModelFileError(f"cannot load ONNX file {path}: {str(err).splitlines()[0]} "
+                             f"(cut short, or not an .onnx written by export.py?)") from err
     declared = session.get_inputs()[0]
     return ((lambda images: session.run(None, {declared.name: images})[0]),
             declared_shape(declared.shape))
@@ -240,21 +284,24 @@ def batched(forward, batch_size, kind, path, input_shape=None):
     return run
 
 
-def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema):
-    net = load_network(net_name, class_num, checkpoint_path, use_ema)
+def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
+                          device_target):
+    net = load_network(net_name, class_num, checkpoint_path, use_ema, device_target)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
                                           for chunk in chunks(images, batch_size)])
 
 
-def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema):
-    del net_name, class_num, use_ema  # the graph holds them
+def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
+                      device_target):
+    del net_name, class_num, use_ema, device_target  # the graph holds them
     graph = load_mindir(checkpoint_path)
     return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), batch_size, "MindIR",
                    checkpoint_path, mindir_input_shape(checkpoint_path))
 
 
-def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema):
-    del net_name, class_num, use_ema  # the graph holds them
+def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
+                    device_target):
+    del net_name, class_num, use_ema, device_target  # the graph holds them
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
 
@@ -263,7 +310,8 @@ PREDICTORS = {".ckpt": _checkpoint_predictor, ".mindir": _mindir_predictor,
               ".onnx": _onnx_predictor}
 
 
-def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=True):
+def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=True,
+                   device_target=None):
     """A model file as a function: float32 numpy images (N, 3, image_size, image_size),
     preprocessed as in eval -> float32 numpy logits (N, class_num), any N.
 
@@ -276,6 +324,8 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=Tru
             exactly the batch size they were exported with: give that one; any N is run in
             such chunks.
         use_ema (bool): ``.ckpt`` only: its EMA weights when it holds them.
+        device_target (str, optional): ``.ckpt`` only: the stem max-pool form
+            (``load_network``).
 
     Raises:
         ConfigError: If the suffix is none of these (names the file).
@@ -286,7 +336,8 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=Tru
     if suffix not in PREDICTORS:
         raise ConfigError(f"checkpoint_path {checkpoint_path!r}: expected a "
                           f"{', '.join(PREDICTORS)} file")
-    return PREDICTORS[suffix](checkpoint_path, net_name, class_num, batch_size, use_ema)
+    return PREDICTORS[suffix](checkpoint_path, net_name, class_num, batch_size, use_ema,
+                              device_target)
 
 
 def softmax(logits):

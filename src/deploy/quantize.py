@@ -17,7 +17,7 @@ docs, performance/model-optimizations/quantization, and ``quantize_static``'s do
    float32. Ranges are calibrated with MinMax over real images: ONNX Runtime's Percentile and
    Entropy calibrators keep every activation of every calibration batch in memory (about
    100 MB per 224 px ResNet-50 image: 25 GB for 256), and MinMax already meets the accuracy target
-   (README's CIFAR-10 ResNet-18: -0.06 points top-1).
+   (docs/deployment.md, CIFAR-10 ResNet-18: -0.06 points top-1).
 
 The calibration images come from class folders (the training data), taken evenly over the
 classes in a fixed order, preprocessed exactly as in eval (``preprocess_images``) and fed in

@@ -121,12 +121,13 @@ class Bottleneck(nn.Cell):
 def stem_max_pool():
     """The stem's 3x3 / stride-2 max pool with padding 1, ``torch.nn.MaxPool2d(3, 2, 1)``.
 
-    MindSpore lowers it to ``MaxPool3DWithArgmax`` (padding with -inf, gradient to the first
-    maximum as torch). On CPU it is the fast form in training: a ResNet-18 train step at
-    128 px, batch 64, took 11% less time with it than with ``MaxPoolPad1``, whose 'valid'
-    pooling runs oneDNN's plain NCHW kernel (``benchmarks/onednn_breakdown.py``). The ONNX
-    exporter rejects it: ``use_exportable_max_pool`` swaps in ``MaxPoolPad1`` before an ONNX
-    export. MindSpore lists the op for GPU and Ascend too; only CPU was run here.
+    The form for CPU and GPU (``STEM_MAX_POOLS``). MindSpore lowers ``nn.MaxPool2d(
+    pad_mode='pad')`` to ``MaxPool3DWithArgmax`` on a 5-D view (padding with -inf, gradient
+    to the first maximum, as torch). On CPU it is the fast form in training: a ResNet-18
+    train step at 128 px, batch 64, took 11% less time with it than with ``MaxPoolPad1``,
+    whose 'valid' pooling runs oneDNN's plain NCHW kernel (``benchmarks/onednn_breakdown.py``).
+    GPU has a CUDA kernel for it (not measured here). On Ascend it is an AI CPU operator only
+    (see ``STEM_MAX_POOLS``), and the ONNX exporter rejects it.
 
     Returns:
         nn.MaxPool2d: float (N, C, H, W) -> (N, C, (H + 1) // 2, (W + 1) // 2).
@@ -137,9 +138,14 @@ def stem_max_pool():
 class MaxPoolPad1(nn.Cell):
     """3x3 / stride-2 max pool with padding 1, written as zero padding + 'valid' pooling.
 
-    Equal to ``torch.nn.MaxPool2d(3, 2, padding=1)`` on non-negative input (it follows a
-    ReLU in ResNet). The ONNX exporter rejects the ``MaxPool3DWithArgmax`` of
-    ``stem_max_pool``; this form exports (``use_exportable_max_pool``).
+    The form for Ascend (``STEM_MAX_POOLS``), ONNX and AIR export (``use_exportable_max_pool``):
+    ``Pad`` and ``MaxPool`` (``MaxPoolGrad`` backward) have AI Core kernels on Ascend and
+    export to ONNX. Equal to ``torch.nn.MaxPool2d(3, 2, padding=1)`` on non-negative input
+    (it follows a ReLU in ResNet). Gradients through that ReLU are equal too: the two forms
+    route a window's gradient differently only when the window's maximum is tied, and a tie
+    at 0 (padding included) meets the ReLU's zero gradient; ties between equal positive values
+    go to the first maximum in both forms on CPU (MindSpore does not document the rule of
+    Ascend's ``MaxPoolGrad``).
     """
 
     def __init__(self):
@@ -150,6 +156,20 @@ class MaxPoolPad1(nn.Cell):
 
     def construct(self, x):
         return self.pool(self.pad(x))
+
+
+# The stem pool form per device target: where each form has native kernels in MindSpore 2.10.
+# ``MaxPool3DWithArgmax`` (torch's form) is registered for Ascend only as an AI CPU operator
+# (ops/_op_impl/aicpu/max_pool3d_with_argmax.py; the graph adapter maps it to the custom AI CPU
+# op CustMaxPool3DWithArgmax, engine DNN_VM_AICPU), so on Ascend it would run on the host CPU
+# in every step, forward and backward (MaxPool3DGradWithArgmax likewise). GPU has CUDA kernels
+# for both; on CPU it is the faster form (``stem_max_pool``). Both forms hold no parameters:
+# checkpoints load into either.
+STEM_MAX_POOLS = {
+    "CPU": stem_max_pool,
+    "GPU": stem_max_pool,
+    "Ascend": MaxPoolPad1,
+}
 
 
 class ResNet(nn.Cell):
@@ -219,10 +239,10 @@ class ResNet(nn.Cell):
 
 
 def use_exportable_max_pool(net):
-    """Give ``net``'s stem the ONNX-exportable max pool (``MaxPoolPad1``), in place.
+    """Give ``net``'s stem the exportable max pool (``MaxPoolPad1``), in place.
 
     The output is unchanged: the pool follows a ReLU, so zero padding equals torch's -inf
-    padding. ``export.export_model`` calls it before every ONNX export.
+    padding. ``export.export_model`` calls it before every ONNX and AIR export.
 
     Args:
         net (ResNet): The network; its ``maxpool`` cell is replaced.
@@ -231,6 +251,29 @@ def use_exportable_max_pool(net):
         ResNet: ``net``.
     """
     net.maxpool = MaxPoolPad1()
+    return net
+
+
+def use_device_max_pool(net, device_target):
+    """Give ``net``'s stem the max pool form of ``device_target`` (``STEM_MAX_POOLS``), in place.
+
+    Call it before ``auto_mixed_precision`` and before compiling (``create_network`` does when
+    given ``device_target``). The output after the stem's ReLU is the same in either form.
+
+    Args:
+        net (ResNet): The network; its ``maxpool`` cell is replaced.
+        device_target (str): ``CPU``, ``GPU`` or ``Ascend``.
+
+    Returns:
+        ResNet: ``net``.
+
+    Raises:
+        ValueError: If ``device_target`` is not a key of ``STEM_MAX_POOLS`` (lists them).
+    """
+    if device_target not in STEM_MAX_POOLS:
+        raise ValueError(f"no stem max pool for device_target {device_target!r}; valid: "
+                         f"{', '.join(STEM_MAX_POOLS)}")
+    net.maxpool = STEM_MAX_POOLS[device_target]()
     return net
 
 
@@ -268,20 +311,25 @@ NETWORKS = {
 }
 
 
-def create_network(net_name, class_num=1000, zero_init_residual=False):
+def create_network(net_name, class_num=1000, zero_init_residual=False, device_target=None):
     """Build a ResNet by name.
 
     Args:
         net_name (str): One of ``NETWORKS``: resnet18, resnet34, resnet50, resnet101, resnet152.
         class_num (int): Number of output classes.
         zero_init_residual (bool): Zero the last BN gamma of every residual block.
+        device_target (str, optional): ``CPU``, ``GPU`` or ``Ascend``: the stem max pool form
+            that runs natively there (``use_device_max_pool``). None: torch's form
+            (``stem_max_pool``), the CPU and GPU form.
 
     Returns:
         ResNet: the network (``set_train(False)`` for inference; ``Model`` sets the mode).
 
     Raises:
         KeyError: If ``net_name`` is not a known network; the message lists the valid names.
+        ValueError: If ``device_target`` is not None, CPU, GPU or Ascend.
     """
     if net_name not in NETWORKS:
         raise KeyError(f"unknown net_name {net_name!r}; valid names: {', '.join(NETWORKS)}")
-    return NETWORKS[net_name](class_num=class_num, zero_init_residual=zero_init_residual)
+    net = NETWORKS[net_name](class_num=class_num, zero_init_residual=zero_init_residual)
+    return net if device_target is None else use_device_max_pool(net, device_target)

@@ -16,12 +16,17 @@ import numpy as np
 from mindspore.train import Callback
 
 from src.utils.checkpoint import (
+    BEST_KEY,
     CONFIG_KEY,
+    OVERFLOW_COUNTER,
     STEP_KEY,
     atomic_save_checkpoint,
     checkpoint_name,
     prune,
 )
+from src.utils.errors import WriteError
+from src.utils.files import atomic_write_text
+from src.utils.logger import log_file_error
 
 LOGGER = logging.getLogger(__name__)
 
@@ -55,6 +60,16 @@ def passed_multiple(step, done, interval):
     return step // interval > (step - done) // interval
 
 
+def _overflow_counter(cb_params):
+    """The training cell's count of overflowed steps (``TrainStep``'s ``overflow_count``
+    parameter), or None for a cell without one (MindSpore's own cells, test doubles)."""
+    network = (cb_params.get("train_network") if isinstance(cb_params, dict)
+               else getattr(cb_params, "train_network", None))
+    if network is None or not hasattr(network, "get_parameters"):
+        return None
+    return next((p for p in network.get_parameters() if p.name == OVERFLOW_COUNTER), None)
+
+
 class StepState(Callback):
     """The one owner of the per-step state: global step, the step's status and loss, the
     count of overflowed steps and the loss scale, and why training must stop (a non-finite
@@ -62,13 +77,27 @@ class StepState(Callback):
     ``CheckpointSaver`` read it.
 
     A non-finite loss in fp32 requests a stop (``nonfinite_step`` says where). An overflowed
-    step under loss scaling (GPU/Ascend) is skipped by the training cell and counted; when
-    more than ``max_overflow_fraction`` of the last ``OVERFLOW_WINDOW`` steps overflowed,
-    nothing is being trained: ``overflow_stop`` says so and a stop is requested.
+    step under loss scaling (GPU/Ascend) is skipped by the training cell and counted.
 
     In dataset sink mode one call of the callbacks covers ``steps_per_call`` steps (the sink
-    size, set by train.py before each ``Model.train``); the loss and overflow flag are those
-    of the call's last step.
+    size, set by train.py before each ``Model.train``); the loss, the overflow flag (so
+    ``status``) and the loss scale are those of the call's last step.
+
+    Overflowed steps are counted in steps, not calls: ``TrainStep`` counts them on the device
+    (its parameter ``overflow_count``, restored on resume). The counter is read at train
+    begin (the baseline: a resumed run does not count the restored overflows again) and
+    after every call; the difference is the number of the call's steps that overflowed.
+    With a training cell that has no such counter only the last step's flag is known: an
+    overflowed call counts as one overflowed step (exact one step at a time only).
+
+    The stop: when more than ``max_overflow_fraction`` of the last ``OVERFLOW_WINDOW`` steps
+    overflowed, nothing is being trained: ``overflow_stop`` says so and a stop is requested.
+    Which steps of a call overflowed is not known, only how many, so the window is made of
+    whole calls: the newest calls that together cover at least ``OVERFLOW_WINDOW`` steps.
+    One step at a time that is exactly the last 100 steps; with calls of 100 steps or more
+    (e.g. a sink call of a whole 625-step epoch) it is the last call alone, so the stop comes
+    at the end of the first call in which more than the fraction of its steps overflowed.
+    No stop before the window holds ``OVERFLOW_WINDOW`` steps seen by this process.
 
     Args:
         start_step (int): Steps already done (resumed runs).
@@ -84,36 +113,64 @@ class StepState(Callback):
         self.status, self.loss = "ok", None
         self.overflow_steps = 0
         self.loss_scale = None
-        self.recent_overflows = collections.deque(maxlen=self.OVERFLOW_WINDOW)
+        # (steps, overflowed steps) per call, newest last: the window of the stop
+        self.recent_overflows = collections.deque()
         self.max_overflow_fraction = max_overflow_fraction
         self.nonfinite_step = None
         self.overflow_stop = None
+        self._counter = None  # TrainStep's overflow_count, found at train begin
+        self._counted = 0  # its value at the last read
 
     @property
     def must_stop(self):
         """Whether training cannot go on (non-finite loss, too many overflowed steps)."""
         return bool(self.nonfinite_step or self.overflow_stop)
 
+    def on_train_begin(self, run_context):
+        self._counter = _overflow_counter(run_context.original_args())
+        self._counted = self._read_counter()
+
     def on_train_step_end(self, run_context):
         outputs = run_context.original_args().net_outputs
-        self.global_step += self.steps_per_call
+        steps = self.steps_per_call
+        self.global_step += steps
         self.status, self.loss = step_status(outputs)
         if isinstance(outputs, (tuple, list)) and len(outputs) > 2:
             self.loss_scale = float(np.mean(outputs[2].asnumpy()))
-        self.recent_overflows.append(self.status == "overflow")
+        overflowed = self._overflowed_steps()
+        self.overflow_steps += overflowed
+        self._add_to_window(steps, overflowed)
         self._check_overflow_fraction(run_context)
-        if self.status == "overflow":
-            self.overflow_steps += 1
-        elif self.status == "nonfinite" and self.nonfinite_step is None:
+        if self.status == "nonfinite" and self.nonfinite_step is None:
             self.nonfinite_step = self.global_step
             run_context.request_stop()
 
-    def _check_overflow_fraction(self, run_context):
+    def _read_counter(self):
+        return 0 if self._counter is None else int(self._counter.asnumpy().reshape(-1)[0])
+
+    def _overflowed_steps(self):
+        """Overflowed steps of the call that just ended."""
+        if self._counter is None:
+            return int(self.status == "overflow")
+        total = self._read_counter()
+        overflowed, self._counted = total - self._counted, total
+        return overflowed
+
+    def _add_to_window(self, steps, overflowed):
+        """Append the call; drop the oldest calls the newer ones no longer need to cover
+        ``OVERFLOW_WINDOW`` steps."""
         window = self.recent_overflows
-        count = sum(window)
-        if (len(window) == window.maxlen and count > self.max_overflow_fraction * len(window)
+        window.append((steps, overflowed))
+        covered = sum(s for s, _ in window)
+        while covered - window[0][0] >= self.OVERFLOW_WINDOW:
+            covered -= window.popleft()[0]
+
+    def _check_overflow_fraction(self, run_context):
+        steps = sum(s for s, _ in self.recent_overflows)
+        count = sum(n for _, n in self.recent_overflows)
+        if (steps >= self.OVERFLOW_WINDOW and count > self.max_overflow_fraction * steps
                 and self.overflow_stop is None):
-            self.overflow_stop = (f"{count} of the last {len(window)} steps overflowed and "
+            self.overflow_stop = (f"{count} of the last {steps} steps overflowed and "
                                   f"were skipped (max_overflow_fraction "
                                   f"{self.max_overflow_fraction}) at global step "
                                   f"{self.global_step}, loss scale {self.loss_scale}: the "
@@ -140,9 +197,14 @@ class TrainMonitor(Callback):
         log_interval (int): Steps between progress lines.
         metrics_path (str, optional): JSON Lines file; None to write none (non-zero ranks).
         logger (logging.Logger): Where lines go.
-        evaluator (callable, optional): ``evaluator() -> dict`` run after each
+        evaluator (callable, optional): ``evaluator(epoch) -> dict`` run after each
             ``eval_interval`` epochs and after the last one.
         eval_interval (int): Epochs between evaluations.
+
+    A record or a log line that cannot be written (disk full) stops training: ``error`` says
+    which file and why (train.py then exits 4 naming the last good checkpoint). Each record is
+    written atomically (the file is rewritten through a temporary file), so a failed write
+    leaves the earlier records whole.
     """
 
     def __init__(self, state, lr, global_batch_size, steps_per_epoch, log_interval,
@@ -161,6 +223,7 @@ class TrainMonitor(Callback):
         self.train_start = self.epoch_start = self.window_start = None
         self.epoch_losses = []
         self.epoch_steps = self.window_steps = 0
+        self.error = None
 
     def on_train_begin(self, run_context):
         self.train_start = self.train_start or time.time()
@@ -219,11 +282,16 @@ class TrainMonitor(Callback):
             record["loss_scale"] = self.state.loss_scale
         last = step == len(self.lr)
         if self.evaluator and (epoch % self.eval_interval == 0 or last):
-            record.update(self.evaluator())
+            record.update(self.evaluator(epoch))
         self.logger.info("epoch %d done: %s", epoch, json.dumps(record))
-        if self.metrics_path:
-            with open(self.metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+        try:
+            if self.metrics_path:
+                append_line(self.metrics_path, json.dumps(record))
+        except WriteError as err:
+            self.error = str(err)
+        self.error = self.error or log_file_error(self.logger)
+        if self.error:
+            run_context.request_stop()
 
 
 class StopSignals(Callback):
@@ -236,24 +304,55 @@ class StopSignals(Callback):
     around every step (two system calls), so a Ctrl-C at start-up, between steps or during
     evaluation arrives as SIGINT.
 
+    Data parallel (``Model``'s parallel mode with more than one device, read at
+    ``on_train_begin``): every rank must stop after the same step, or the ranks still training
+    block in the next gradient all-reduce and rank 0, the only one writing checkpoints, may
+    never save. So a signal is only noted when it arrives (``own``); at the end of every step
+    (every sink call in sink mode) the ranks exchange the signals they got (one all-reduce of
+    one int per rank, about 1.5 ms on CPU) and all set ``received`` after the same step: their
+    own signal, or on a rank not signalled that of the lowest signalled rank, named in a log
+    line. Training then stops after that step on every rank, rank 0 saves it
+    (``CheckpointSaver``) and every rank exits with 128 + ``signum`` (train.py): the rank that
+    was signalled and the ranks stopped with it. A signal after the last step's exchange (during
+    the last evaluation or save) does not stop the run: it is complete. A signal before the
+    first ``Model.train`` call (data check, network build) stops that rank before its first
+    step; the launcher (msrun) then ends the others, with nothing trained to save; one during
+    the graph compilation stops every rank after the first step. A second signal to the same
+    process exits it at once, without saving.
+
     Args:
         logger (logging.Logger): Where the acknowledgement goes.
         exit_now (callable): ``exit_now(status)`` for the second signal (default ``os._exit``).
+        gather (callable, optional): ``gather(int) -> list[int]``, every rank's value in rank
+            order; given, the stop is collective from the start. Default: in data parallel
+            ``src.utils.device.all_gather_int``.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, logger, exit_now=os._exit):
+    def __init__(self, logger, exit_now=os._exit, gather=None):
         super().__init__()
         self.logger = logger
         self.exit_now = exit_now
-        self.received = None
+        self.received = None  # the signal that stops training (agreed, in data parallel)
+        self.own = None  # the first signal this process got
+        self._gather = gather
         self._previous = {}
 
     @property
     def signum(self):
-        """The first signal received (an int), or None."""
+        """The signal that stopped training (an int), or None."""
         return getattr(signal, self.received) if self.received else None
+
+    @property
+    def collective(self):
+        """Whether the stop is agreed over the ranks (data parallel)."""
+        return self._gather is not None
+
+    def gather(self, value):
+        """Every rank's ``value`` in rank order (``[value]`` outside data parallel); every rank
+        must call it at the same point."""
+        return self._gather(value) if self.collective else [value]
 
     def install(self):
         """Catch SIGINT and SIGTERM (the handlers found first are kept for ``restore``)."""
@@ -269,19 +368,49 @@ class StopSignals(Callback):
     def _handle(self, signum, frame):
         del frame
         name = signal.Signals(signum).name
-        if self.received:
+        if self.own:
             self.logger.error("second stop signal (%s): exiting now without saving", name)
             self.exit_now(128 + signum)
             return
-        self.received = name
-        self.logger.warning("%s received: stopping after the current step with a checkpoint "
-                            "(Ctrl-C again to exit at once, without saving)", name)
+        self.own = name
+        if not self.collective:
+            self.received = name
+        self.logger.warning("%s received: stopping after the current step with a checkpoint%s "
+                            "(Ctrl-C again to exit at once, without saving)", name,
+                            ", every rank after the same step" if self.collective else "")
+
+    def on_train_begin(self, run_context):
+        from mindspore import ParallelMode
+
+        cb_params = run_context.original_args()
+        try:
+            parallel = (cb_params.parallel_mode == ParallelMode.DATA_PARALLEL
+                        and (cb_params.device_number or 1) > 1)
+        except (AttributeError, KeyError):  # not Model's parameters (tests)
+            parallel = False
+        if parallel and self._gather is None:
+            from src.utils.device import all_gather_int
+            self._gather = all_gather_int
 
     def on_train_step_begin(self, run_context):
         self.install()
 
     def on_train_step_end(self, run_context):
         self.install()
+        if self.collective and self.received is None:
+            self._agree(run_context)
+
+    def _agree(self, run_context):
+        """Exchange the signals the ranks got; on any, stop every rank after this step."""
+        signalled = [(rank, signal.Signals(value).name) for rank, value in enumerate(
+            self.gather(getattr(signal, self.own) if self.own else 0)) if value]
+        if not signalled:
+            return
+        self.received = self.own or signalled[0][1]
+        self.logger.warning("stopping every rank after this step (rank 0 saves it): %s",
+                            ", ".join(f"rank {rank} received {name}"
+                                      for rank, name in signalled))
+        run_context.request_stop()
 
 
 class CheckpointSaver(Callback):
@@ -297,9 +426,15 @@ class CheckpointSaver(Callback):
     non-finite parameters from a write failure, and ``last_saved`` names the last good
     checkpoint.
 
+    Data parallel: on a stop signal (agreed by ``StopSignals``, so at the same step on every
+    rank) the ranks wait for the writing rank's save, one all-reduce, and learn whether it
+    succeeded: the others must not exit first, as msrun kills the remaining workers as soon as
+    one exits with a non-zero status. A rank that writes nothing then names rank 0's checkpoint
+    in ``last_saved``, or records in ``error`` that rank 0 could not write it.
+
     Args:
         state (StepState): The per-step state, updated before this callback runs.
-        stop (StopSignals): Whether a stop signal came.
+        stop (StopSignals): Whether a stop signal came (and the collective of data parallel).
         output_dir (str): Folder of the checkpoints.
         prefix (str): File name prefix (the network name).
         steps_per_epoch (int): Steps in one epoch.
@@ -312,11 +447,19 @@ class CheckpointSaver(Callback):
             oldest first.
         write (bool): Whether this process writes files (rank 0 in data parallel); every
             rank still stops on a signal.
+        best (callable, optional): ``best() -> dict or None``, the evaluator's best score so
+            far (``BestCheckpointEvaluator.best_score``), stored in every checkpoint so a
+            resumed run keeps it.
+
+    A ``save_steps`` multiple that falls on an epoch's last step is saved at the epoch's end,
+    after ``TrainMonitor`` wrote the epoch's record: a run killed in between then resumes
+    before that epoch and writes its record once (``trim_records`` drops the records after the
+    resumed step).
     """
 
     def __init__(self, state, stop, output_dir, prefix, steps_per_epoch, total_steps,
                  run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
-                 write=True):
+                 write=True, best=None):
         super().__init__()
         self.state, self.stop = state, stop
         self.output_dir, self.prefix = output_dir, prefix
@@ -325,6 +468,8 @@ class CheckpointSaver(Callback):
         self.save_epochs, self.save_steps, self.keep_max = save_epochs, save_steps, keep_max
         self.own_files = list(own_files)
         self.write = write
+        self.best = best
+        self.step_save_due = False  # a save_steps multiple reached at an epoch's last step
         self.error = None
         self.diverged = False  # the failure was non-finite parameters (not a write error)
         self.last_saved = self.own_files[-1] if self.own_files else None
@@ -335,17 +480,24 @@ class CheckpointSaver(Callback):
         step, done = self.state.global_step, self.state.steps_per_call
         if self.stop.received:
             self.save(run_context)
+            if self.stop.collective:
+                self._wait_for_the_writer()
             run_context.request_stop()
         elif self.save_steps and passed_multiple(step, done, self.save_steps):
-            self.save(run_context)  # in sink mode: the first sink end at or past a multiple
+            # in sink mode: the first sink end at or past a multiple
+            if step % self.steps_per_epoch:
+                self.save(run_context)
+            else:
+                self.step_save_due = True  # after the epoch's record: on_train_epoch_end
 
     def on_train_epoch_end(self, run_context):
         if self.error or self.state.nonfinite_step:
             return
         step = self.state.global_step
         epoch, into_epoch = divmod(step, self.steps_per_epoch)
-        if self.stop.received or (not into_epoch and (epoch % self.save_epochs == 0
-                                                      or step == self.total_steps)):
+        due, self.step_save_due = self.step_save_due, False
+        if self.stop.received or due or (not into_epoch and (epoch % self.save_epochs == 0
+                                                             or step == self.total_steps)):
             self.save(run_context)  # a signal during epoch-end eval saves here too
 
     def save(self, run_context):
@@ -363,8 +515,10 @@ class CheckpointSaver(Callback):
                                     f"as {path}")
             return
         try:
+            best = self.best() if self.best else None
             atomic_save_checkpoint(train_network, path,
-                                   {STEP_KEY: step, CONFIG_KEY: self.run_config})
+                                   {STEP_KEY: step, CONFIG_KEY: self.run_config,
+                                    BEST_KEY: json.dumps(best) if best else ""})
         except (OSError, RuntimeError) as err:
             self._fail(run_context, f"cannot write checkpoint {path}: "
                                     f"{str(err).splitlines()[0]}")
@@ -373,12 +527,59 @@ class CheckpointSaver(Callback):
         self.own_files = prune([p for p in self.own_files if p != path] + [path],
                                self.keep_max)
 
+    def _wait_for_the_writer(self):
+        """Every rank, after the save of a stop: wait until the writing rank has saved (or
+        failed) and take its outcome."""
+        path = os.path.join(self.output_dir, checkpoint_name(self.prefix, self.state.global_step,
+                                                             self.steps_per_epoch))
+        written = self.stop.gather(int(self.write and self.last_saved == path))
+        if self.write:
+            return
+        if any(written):
+            self.last_saved = path
+        elif not self.error:
+            self.error = (f"the writing rank did not save the checkpoint of global step "
+                          f"{self.state.global_step} ({path}): see its log")
+
     def _fail(self, run_context, message):
         self.error = message
         LOGGER.error("%s; stopping", message)
         run_context.request_stop()
 
 
+def append_line(path, line):
+    """Append ``line`` to the text file ``path`` atomically (the file is small: one line per
+    epoch): it holds its earlier lines and either all of ``line`` or none of it.
+
+    Raises:
+        WriteError: If the file cannot be written (names it).
+    """
+    earlier = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            earlier = f.read()
+    atomic_write_text(path, earlier + line + "\n")
+
+
 def _hms(seconds):
     seconds = int(seconds)
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class StopAtStep(Callback):
+    """Stop ``Model.train`` once the global step reaches ``step`` (the step-by-step head of a
+    sink-mode run resumed off a call boundary). Listed after ``StepState``, whose count it
+    reads.
+
+    Args:
+        state (StepState): The per-step state.
+        step (int): Global step (optimizer steps) after which training stops.
+    """
+
+    def __init__(self, state, step):
+        super().__init__()
+        self.state, self.step = state, step
+
+    def on_train_step_end(self, run_context):
+        if self.state.global_step >= self.step:
+            run_context.request_stop()

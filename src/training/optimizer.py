@@ -5,11 +5,16 @@
 ``torch.optim.AdamW``; MindSpore's ``nn.AdamWeightDecay`` is not) or LAMB (``Lamb`` below:
 MindSpore 2.10's ``nn.Lamb`` has no CPU kernel). ``AdamW`` and ``Lamb`` share one update
 function and one ``construct`` (``_BiasCorrectedAdam``) and differ only in the trust ratio.
+
+No training graph holds a float64 operation (Ascend's AI Core has no float64): the bias
+corrections ``1 - beta^t`` are computed on the host in float64 (``bias_correction_table``) and
+gathered per step inside the graph as float32, as the LR array is.
 """
+import math
+
 import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
-from mindspore import ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
@@ -31,6 +36,47 @@ def split_weight_decay(params):
     decay = [p for p in params if not p.name.endswith(no_decay_suffixes)]
     no_decay = [p for p in params if p.name.endswith(no_decay_suffixes)]
     return decay, no_decay
+
+
+#: Most entries (steps) of a bias-correction table when the LR gives no number of steps.
+MAX_BIAS_CORRECTION_STEPS = 1 << 20
+
+
+def bias_correction_table(beta, max_steps=MAX_BIAS_CORRECTION_STEPS):
+    r"""Adam's bias corrections :math:`1 - \beta^t` of steps :math:`t = 1, 2, \dots`, computed
+    on the host in float64 (Python floats, as ``torch.optim.AdamW`` computes them) and rounded
+    to float32.
+
+    The table ends at the first step whose float32 value is 1.0: :math:`1 - \beta^t` grows
+    with :math:`t`, so every later step's value is 1.0 as well (with ``beta`` 0.9: 165 steps,
+    0.999: 17,321 steps, 0.9999: 173,250 steps), or after ``max_steps`` entries.
+
+    Args:
+        beta (float): The moment's decay, in (0, 1); used exactly as given (pass its float32
+            value to match a graph that decays the moments with float32 ``beta``).
+        max_steps (int): Most entries, i.e. steps, >= 1.
+
+    Returns:
+        numpy.ndarray: float32, shape (L,) with 1 <= L <= ``max_steps``; entry ``i`` is step
+        ``t = i + 1``, i.e. the optimizer's 0-based ``global_step`` before its increment.
+    """
+    beta = float(beta)
+    # float32(1 - beta^t) is 1.0 once beta^t <= 2^-25 (half a float32 ulp below 1.0); the
+    # margin covers the rounding of the logarithms.
+    last = min(int(max_steps), math.ceil(25 * math.log(2) / -math.log(beta)) + 16)
+    values = np.array([1.0 - beta ** t for t in range(1, last + 1)]).astype(np.float32)
+    ones = np.flatnonzero(values == 1.0)
+    return values[:ones[0] + 1] if ones.size else values
+
+
+def _schedule_length(learning_rate):
+    """Number of steps of a per-step LR (a 1-D Tensor, array or list), else None."""
+    if isinstance(learning_rate, (ms.Tensor, np.ndarray, list, tuple)):
+        shape = (tuple(learning_rate.shape) if isinstance(learning_rate, ms.Tensor)
+                 else np.shape(learning_rate))
+        if len(shape) == 1 and shape[0] > 0:
+            return int(shape[0])
+    return None
 
 
 _adam_update = C.MultitypeFuncGraph("resnet_adam_update")
@@ -90,6 +136,15 @@ class _BiasCorrectedAdam(nn.Optimizer):
     and computed in float32; :math:`t` is the optimizer's ``global_step`` + 1, saved in
     training checkpoints with the moments.
 
+    The bias corrections :math:`1-\beta_1^t` and :math:`1-\beta_2^t` come from two float32
+    tables computed on the host in float64 (``bias_correction_table``, with the float32
+    betas the moments decay with), gathered at ``global_step`` like the LR array: no float64
+    operation in the graph (Ascend's AI Core has none), and the same float32 values as
+    ``torch.optim.AdamW``'s Python-float corrections rounded once. The tables are constants
+    (Tensors, not Parameters): nothing new in checkpoints, and a resumed run gathers the same
+    values from the restored ``global_step``. A table ends where its float32 value reaches 1.0
+    or at the last step of a per-step LR array; beyond its end its last entry is used.
+
     Subclasses set ``TRUST_RATIO`` (bool) and ``MOMENT_PREFIXES`` (names of the first and
     second moments' parameter copies, listed as optimizer state in ``src.utils.checkpoint``).
 
@@ -101,6 +156,13 @@ class _BiasCorrectedAdam(nn.Optimizer):
         beta2 (float): Decay of the second moment, in (0, 1).
         eps (float): Added to :math:`\sqrt{\hat v_t}`, > 0.
         weight_decay (float): :math:`\lambda` of parameters not in a group that sets its own.
+
+    Raises:
+        ValueError: A beta outside (0, 1) as a float32 (1 - 1e-9 is 1.0 there) or eps <= 0;
+            or, when ``learning_rate`` gives no number of steps (a float or a
+            ``LearningRateSchedule``), a beta so close to 1 that its float32 bias correction
+            stays below 1.0 for more than ``MAX_BIAS_CORRECTION_STEPS`` steps (give the LR per
+            step instead).
     """
 
     TRUST_RATIO = None
@@ -110,13 +172,31 @@ class _BiasCorrectedAdam(nn.Optimizer):
         super().__init__(learning_rate, params, weight_decay)
         cls = type(self).__name__
         for name, value in (("beta1", beta1), ("beta2", beta2)):
-            if not 0.0 < float(value) < 1.0:
-                raise ValueError(f"{cls}: {name} must be in (0, 1), got {value}")
+            if not 0.0 < float(np.float32(value)) < 1.0:  # the graph computes with float32
+                raise ValueError(f"{cls}: {name} must be in (0, 1) as a float32, got {value} "
+                                 f"({float(np.float32(value))!r} in float32)")
         if not float(eps) > 0.0:
             raise ValueError(f"{cls}: eps must be > 0, got {eps}")
         self.beta1 = ms.Tensor(np.array([beta1], np.float32))
         self.beta2 = ms.Tensor(np.array([beta2], np.float32))
         self.eps = ms.Tensor(np.array([eps], np.float32))
+        steps = _schedule_length(learning_rate)
+        tables = []
+        for name, value in (("beta1", beta1), ("beta2", beta2)):
+            table = bias_correction_table(np.float32(value),
+                                          steps or MAX_BIAS_CORRECTION_STEPS)
+            if steps is None and table[-1] != 1.0:
+                raise ValueError(
+                    f"{cls}: {name}={value} is so close to 1 that its bias correction "
+                    f"1 - {name}^t stays below 1.0 (float32) for more than "
+                    f"{MAX_BIAS_CORRECTION_STEPS} steps; give the learning rate per step "
+                    f"(a 1-D array) so that its table can end at the last step")
+            tables.append(table)
+        # Constants of the graph, not Parameters: not checkpointed; the step picks the entry.
+        self.bias_correction1 = ms.Tensor(tables[0])
+        self.bias_correction2 = ms.Tensor(tables[1])
+        self.last_entry1 = ms.Tensor(np.array([len(tables[0]) - 1], np.int32))
+        self.last_entry2 = ms.Tensor(np.array([len(tables[1]) - 1], np.int32))
         first, second = self.MOMENT_PREFIXES
         self.moments1 = self._parameters.clone(prefix=first, init="zeros")
         self.moments2 = self._parameters.clone(prefix=second, init="zeros")
@@ -124,15 +204,15 @@ class _BiasCorrectedAdam(nn.Optimizer):
     @ms.jit(backend="ms_backend")
     def construct(self, gradients):
         weight_decay = self.get_weight_decay()
-        lr = self.get_lr()  # the LR of step global_step (0-based), read before the increment
-        step = F.depend(self.global_step,
-                        self.assignadd(self.global_step, self.global_step_increase_tensor))
-        step = F.cast(step, mstype.float64)  # t = 1 on the first call
-        # 1 - beta^t in float64 (torch uses Python floats): in float32, 1 - 0.999^t at small t
-        # keeps only ~5 significant digits (relative error ~7e-6, ~4e-7 in a step of lr 0.1;
-        # MindSpore's CPU expm1 is no better). float64 Pow was checked on CPU only.
-        bc1 = F.cast(1.0 - ops.pow(F.cast(self.beta1, mstype.float64), step), mstype.float32)
-        bc2 = F.cast(1.0 - ops.pow(F.cast(self.beta2, mstype.float64), step), mstype.float32)
+        # The LR and the bias corrections 1 - beta^t (t = global_step + 1) of step global_step
+        # (0-based), read before the increment. 1 - beta^t comes from float64 host tables, not
+        # from Pow in the graph: in float32, 1 - 0.999^t at small t keeps only ~5 significant
+        # digits (relative error ~7e-6, ~4e-7 in a step of lr 0.1; MindSpore's CPU expm1 is no
+        # better), and a float64 Pow would not run on Ascend's AI Core.
+        lr = self.get_lr()
+        bc1 = F.gather(self.bias_correction1, F.minimum(self.global_step, self.last_entry1), 0)
+        bc2 = F.gather(self.bias_correction2, F.minimum(self.global_step, self.last_entry2), 0)
+        self.assignadd(self.global_step, self.global_step_increase_tensor)  # after the reads
         gradients = self.flatten_gradients(gradients)
         beta1, beta2, eps, trust_ratio = self.beta1, self.beta2, self.eps, self.TRUST_RATIO
         if self.is_group:
@@ -201,7 +281,7 @@ class Lamb(_BiasCorrectedAdam):
 def _build_momentum(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
     """``nn.Momentum``: exactly the recipes' optimizer (betas and eps unused)."""
     del beta1, beta2, eps
-    return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum,
+    return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum, use_nesterov=True,
                        loss_scale=loss_scale)
 
 

@@ -1,15 +1,23 @@
-"""The output folder of a training run: one run per folder, an earlier run moved aside (never
-deleted) only when asked."""
+"""The output folder of a training run: one run per folder (held by a lock for the run's
+lifetime), an earlier run moved aside (never deleted) only when asked."""
+import errno
+import fcntl
 import glob
+import json
 import os
+import socket
 import time
 
 from src.utils.errors import OutputDirError
+from src.utils.files import atomic_write_text
 
 RECORDS = "metrics.jsonl"
 RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt")
 """Files a run writes besides its checkpoints (``*.ckpt``); moved with them."""
 MOVED_PREFIX = "previous_run_"
+LOCK_FILE = ".run.lock"
+"""Held (``flock``) by the run writing to the folder; names its host and process id. Never
+moved by ``--overwrite``."""
 
 
 def earlier_run_files(output_dir):
@@ -22,6 +30,35 @@ def earlier_run_files(output_dir):
     if not found and os.path.join(output_dir, RECORDS) not in records:
         return []
     return found + records
+
+
+def trim_records(output_dir, done_steps):
+    """Drop the ``metrics.jsonl`` records of steps after ``done_steps`` (a resumed run's
+    checkpoint): a run killed between an epoch's record and its checkpoint trains that epoch
+    again and writes its record again; the checkpoint is the truth. Rewritten atomically.
+
+    Returns:
+        int: Records dropped.
+
+    Raises:
+        WriteError: If the file cannot be rewritten.
+    """
+    path = os.path.join(output_dir, RECORDS)
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    kept = [line for line in lines if _record_step(line) <= done_steps]
+    if len(kept) < len(lines):
+        atomic_write_text(path, "".join(kept))
+    return len(lines) - len(kept)
+
+
+def _record_step(line):
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return -1  # not a record of ours: kept
 
 
 def prepare_output_dir(output_dir, starts_fresh, overwrite):
@@ -64,3 +101,63 @@ def prepare_output_dir(output_dir, starts_fresh, overwrite):
     for path in earlier:
         os.replace(path, os.path.join(moved_to, os.path.basename(path)))
     return moved_to
+
+
+class OutputDirLock:
+    """An exclusive lock on a run's output folder, held until the process exits.
+
+    ``fcntl.flock`` on ``LOCK_FILE`` inside the folder, which then holds ``host pid`` of the
+    holder. The kernel releases the lock when its process ends (killed or not), so a lock file
+    left by a dead process is free: the next run takes it over and says whose it was.
+
+    Args:
+        output_dir (str): The run's folder (created if missing).
+    """
+
+    def __init__(self, output_dir):
+        self.output_dir = output_dir
+        self.path = os.path.join(output_dir, LOCK_FILE)
+        self.file = None
+
+    def acquire(self):
+        """Take the lock, or fail at once naming the holder.
+
+        Returns:
+            str or None: ``host pid`` of an earlier holder whose lock was free (it ended
+            without releasing the file), for a message; None if there was none.
+
+        Raises:
+            OutputDirError: If another process holds the lock (names the folder and the
+                holder), or the folder or lock file cannot be created or locked.
+        """
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+            handle = open(self.path, "a+", encoding="utf-8")  # held open for the run
+        except OSError as err:
+            raise OutputDirError(f"cannot create output_dir {self.output_dir} or its lock "
+                                 f"file: {err}") from err
+        handle.seek(0)
+        previous = handle.read().strip()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            handle.close()
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                raise OutputDirError(
+                    f"output_dir {self.output_dir} is in use by another run (host and process "
+                    f"id: {previous or 'unknown'}, lock file {self.path}): wait for it to end, "
+                    f"or choose another --output_dir") from None
+            raise OutputDirError(f"cannot lock output_dir {self.output_dir}: {err}") from err
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{socket.gethostname()} {os.getpid()}\n")
+        handle.flush()
+        self.file = handle
+        return previous or None
+
+    def release(self):
+        """Give the folder back (the lock file stays, naming its last holder)."""
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None

@@ -13,6 +13,8 @@ import mindspore as ms
 from src.training.lr_schedule import LR_KEYS
 from src.utils.checkpoint import (
     METADATA_KEYS,
+    OVERFLOW_COUNTER,
+    TRAINING_STATE_PREFIXES,
     CheckpointError,
     checkpoint_name,
     compare,
@@ -20,6 +22,7 @@ from src.utils.checkpoint import (
     periodic_checkpoints,
     position_of,
     read_checkpoint,
+    stored_best,
     stored_config,
     stored_step,
 )
@@ -28,11 +31,11 @@ from src.utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the config
-# Restored when present; checkpoints written before the loss scale was part of the training
-# cell lack it (the configured scale is used).
-NOT_REQUIRED = NOT_RESTORED + ("scale_sense",)
+# Restored when present; checkpoints written before the loss scale (the overflow counter) was
+# part of the training cell lack it: the configured scale is used (the count starts at 0).
+NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER)
 RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
-               "device_num") + LR_KEYS
+               "device_num", "optimizer") + LR_KEYS
 """Keys a resumed run must share with its checkpoint: they fix the steps per epoch, the
 network's shapes and the per-step LR array."""
 
@@ -91,23 +94,32 @@ def check_same_recipe(path, stored, current, keys=RESUME_KEYS):
                           f"--output_dir, or pass --resume_ignore_config true if you mean it")
 
 
-def restore_training_state(train_network, path):
+def restore_training_state(train_network, path, current=None):
     """Load network and optimizer state from a checkpoint written by ``CheckpointSaver``.
 
     Args:
         train_network (nn.Cell): The training cell (network, optimizer, loss scale), as
             ``Model.train_network``; every parameter it has must be in the file.
         path (str): The checkpoint.
+        current (dict, optional): This run's config: checked against the stored one
+            (``check_same_recipe``) before the parameters, so another recipe is named by its
+            keys (another ``optimizer`` too, whose state has other names); None skips it
+            (``--resume_ignore_config``).
 
     Returns:
-        tuple(int, dict or None): training steps already done, and the stored run config.
+        tuple(int, dict or None, dict or None): training steps already done, the stored run
+        config, and the best evaluation score so far (``stored_best``: the evaluator resumes
+        from it, so a worse evaluation does not replace the best checkpoint).
 
     Raises:
         MissingFileError: If the file does not exist.
         CheckpointError: If it is unreadable, lacks optimizer state, or does not fit the
             network (names the parameters).
+        ConfigError: If ``current`` differs from the stored config (``check_same_recipe``).
     """
     params = read_checkpoint(path)
+    if current is not None:
+        check_same_recipe(path, stored_config(params), current)
     if "global_step" not in params:
         raise CheckpointError(f"{path} holds no optimizer state: not a training checkpoint "
                               f"(use --pre_trained to start from its weights)")
@@ -115,14 +127,16 @@ def restore_training_state(train_network, path):
     missing = [n for n in missing if not n.startswith(NOT_REQUIRED)]
     mismatched = [m for m in mismatched if not m.startswith(NOT_RESTORED)]
     if missing or mismatched:
+        state_only = missing and all(n.startswith(TRAINING_STATE_PREFIXES) for n in missing)
+        hint = (" (optimizer state of another optimizer, EMA or loss scaling than the "
+                "checkpoint's?)" if state_only else " (cut short?)" if missing else "")
         raise CheckpointError(f"checkpoint {path} does not fit this run: missing {missing[:5]}"
-                              f"{' (cut short?)' if missing else ''}, shape mismatch "
-                              f"{mismatched[:5]}")
-    steps_done, config = stored_step(params), stored_config(params)
+                              f"{hint}, shape mismatch {mismatched[:5]}")
+    steps_done, config, best = stored_step(params), stored_config(params), stored_best(params)
     for name in NOT_RESTORED:
         params.pop(name, None)
     ms.load_param_into_net(train_network, params, strict_load=False)
-    return steps_done, config
+    return steps_done, config, best
 
 
 def agree_across_ranks(local_path, output_dir, prefix, steps_per_epoch, param_names, gather):

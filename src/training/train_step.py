@@ -11,7 +11,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore import Parameter, ParameterTuple, Tensor
 
-from src.utils.checkpoint import EMA_COUNTER, EMA_PREFIX
+from src.utils.checkpoint import EMA_COUNTER, EMA_PREFIX, OVERFLOW_COUNTER
 
 EMA_WARMUP_POWER = 2.0 / 3.0
 
@@ -110,6 +110,12 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
     overflow check (GPU/Ascend with loss scaling: the step is skipped on overflow) -> clip to
     ``grad_clip_norm`` -> optimizer -> EMA update.
 
+    Overflowed steps are counted on the device in the parameter ``overflow_count`` (int32
+    scalar, not trained, saved in training checkpoints and restored on resume): one per
+    skipped step, including the steps inside a dataset-sink call, whose callbacks see only
+    the last step's outputs. ``StepState`` reads it after each call; without the overflow
+    check it stays 0.
+
     Args:
         network_with_loss (nn.Cell): ``(image, label) -> scalar loss``.
         optimizer (nn.Optimizer): Over the network's trainable parameters.
@@ -143,6 +149,8 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         self.accumulation_steps = accumulation_steps
         self.ema = ema
         self.mul = ops.Mul()
+        self.overflow_count = Parameter(Tensor(0, ms.int32), name=OVERFLOW_COUNTER,
+                                        requires_grad=False)
 
     def micro_batch_gradients(self, image, label, scale):
         """(loss, gradients) of one micro-batch; gradients multiplied by ``scale``."""
@@ -186,6 +194,8 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
             return ops.depend(loss, self.apply(grads))
         status = Tensor([0] * 8, ms.int32)
         overflow = self.process_loss_scale(self.get_overflow_status(status, grads))
+        counted = ops.assign_add(self.overflow_count, overflow.astype(ms.int32).reshape(()))
+        loss = ops.depend(loss, counted)
         if not overflow:
             loss = ops.depend(loss, self.apply(grads))
         return loss, overflow, scale

@@ -17,18 +17,20 @@ from src.utils.errors import MissingFileError, UserError
 CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
 CONFIG_KEY = "run_config"
-METADATA_KEYS = (STEP_KEY, CONFIG_KEY)
+BEST_KEY = "best_score"  # the evaluator's best so far, JSON {"top1": float, "epoch": int}
+METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
+OVERFLOW_COUNTER = "overflow_count"  # overflowed steps, counted by TrainStep on the device
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Names Model.train's training cell adds to the network's: optimizer state and counters.
 # Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
 # ``lamb_m.``/``lamb_v.``; the weight EMA (``src.training.train_step``): ``ema.`` and
-# ``ema_updates``.
+# ``ema_updates``; ``TrainStep``'s count of overflowed steps: ``overflow_count``.
 TRAINING_STATE_PREFIXES = ("moments.", "accum.", "adam_m.", "adam_v.", "lamb_m.", "lamb_v.",
                            "beta1_power", "beta2_power", "learning_rate", "global_step",
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",
                            "step_num", "last_overflow_iterator_step", EMA_PREFIX,
-                           EMA_COUNTER) + METADATA_KEYS
+                           EMA_COUNTER, OVERFLOW_COUNTER) + METADATA_KEYS
 
 
 class CheckpointError(UserError, ValueError):
@@ -58,6 +60,13 @@ def stored_config(params):
     """The run config stored in a training checkpoint (a dict), or None for older files."""
     text = params.get(CONFIG_KEY)
     return json.loads(text) if isinstance(text, str) else None
+
+
+def stored_best(params):
+    """The best evaluation score stored in a training checkpoint, ``{"top1": float, "epoch":
+    int}``, or None (no evaluation yet, or a file written before it was stored)."""
+    text = params.get(BEST_KEY)
+    return json.loads(text) if isinstance(text, str) and text else None
 
 
 def stored_step(params):
@@ -163,17 +172,41 @@ def atomic_save_checkpoint(net, path, append_dict=None):
         OSError: If the file cannot be written (disk full, permission); the temporary file
             is removed and nothing is left under ``path``.
     """
-    # save_checkpoint appends ".ckpt" to names without it: keep the suffix on the temp name.
-    tmp = os.path.splitext(path)[0] + ".partial.ckpt"
+    partials = partial_files(path)
     try:
-        ms.save_checkpoint(net, tmp, append_dict=append_dict)
-        _fsync(tmp)
-        os.replace(tmp, path)
+        ms.save_checkpoint(net, partials[0], append_dict=append_dict)
+        _fsync(partials[0])
+        os.replace(partials[0], path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        for partial in partials:
+            if os.path.exists(partial):
+                os.remove(partial)
         raise
     _fsync(os.path.dirname(os.path.abspath(path)))
+
+
+def partial_files(path):
+    """The temporary files of saving ``path``: ours (``NAME.partial.ckpt``, renamed to
+    ``path`` when complete; ``save_checkpoint`` appends ".ckpt" to names without it, so the
+    suffix stays) and the one ``mindspore.save_checkpoint`` writes it through
+    (``NAME.partial.tmp``)."""
+    stem = os.path.splitext(path)[0] + ".partial"
+    return [stem + ".ckpt", stem + ".tmp"]
+
+
+def remove_stale_partials(output_dir, prefix):
+    """Delete the temporary files of ``prefix``'s checkpoints left in ``output_dir`` by a
+    save that was killed (``partial_files``: 30-60 MB each). Only this run's names
+    (``PREFIX-*``); other files are never touched.
+
+    Returns:
+        list[str]: The files removed.
+    """
+    pattern = os.path.join(glob.escape(output_dir), glob.escape(prefix) + "-*.partial.")
+    stale = sorted(glob.glob(pattern + "ckpt") + glob.glob(pattern + "tmp"))
+    for path in stale:
+        os.remove(path)
+    return stale
 
 
 def _fsync(path):

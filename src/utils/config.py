@@ -8,6 +8,7 @@ of keys with a closed set. Same layout as ModelZoo's ``*_config.yaml`` files.
 Override order, later wins: ``config.yaml`` < ``--config_path FILE`` < command-line flags.
 """
 import argparse
+import math
 import os
 import re
 
@@ -23,7 +24,7 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
             "eval_resize", "grad_accumulation_steps", "log_interval",
             "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size", "base_lr",
             "eval_interval", "top_k", "num_parallel_workers", "loss_scale", "eps",
-            "calibration_images", "scale_window")
+            "calibration_images", "scale_window", "max_image_pixels")
 """Keys whose value must be > 0, checked for every entry point (``check_values``)."""
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
@@ -83,6 +84,9 @@ def _read_yaml_documents(path):
             docs = [doc if doc is not None else {} for doc in yaml.safe_load_all(f)]
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                              f"offset {err.start}): save the file as UTF-8") from err
     for doc in docs:
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: expected a mapping of key: value, got {type(doc).__name__}")
@@ -242,13 +246,19 @@ def _metavar(default):
 
 
 def check_values(cfg):
-    """Range checks shared by every entry point: ``POSITIVE`` keys > 0, ``NON_NEGATIVE``
-    keys >= 0, ``UNIT_INTERVAL`` keys in their interval, ``train_crop_scale`` a [min, max]
-    area range.
+    """Range checks shared by every entry point: every float finite (``nan`` and ``inf`` pass
+    no comparison-based check), ``POSITIVE`` keys > 0, ``NON_NEGATIVE`` keys >= 0,
+    ``UNIT_INTERVAL`` keys in their interval, ``train_crop_scale`` a [min, max] area range.
 
     Raises:
         ConfigError: Naming the key, its value and what was expected.
     """
+    for key, value in cfg.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+        if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v)
+                                           for v in value):
+            raise ConfigError(f"{key} must hold finite numbers, got {value}")
     for key in POSITIVE:
         if cfg[key] <= 0:
             kind = "a positive integer" if isinstance(cfg[key], int) else "positive"

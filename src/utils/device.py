@@ -28,18 +28,17 @@ def setup_device(mode, device_target, device_id=0, seed=1, run_distribute=False)
     ms.set_seed(seed)
 
 
-def init_distributed(run_distribute, device_num, all_reduce_fusion_config):
+def init_distributed(run_distribute, device_num):
     """Initialize data-parallel training when ``run_distribute`` is set.
 
     Uses ``mindspore.communication.init()`` (HCCL on Ascend, NCCL on GPU, MindSpore's own
     collectives on CPU; processes started by msrun or a rank table), data-parallel mode with
-    gradients averaged over devices, and ``all_reduce_fusion_config`` splitting the gradient
-    all-reduce.
+    gradients averaged over devices. The split of the gradient all-reduce is set once the
+    network exists (``apply_fusion_config``).
 
     Args:
         run_distribute (bool): Data-parallel run.
         device_num (int): Expected device count (1: take the launcher's).
-        all_reduce_fusion_config (list[int]): Split points of the gradient all-reduce.
 
     Returns:
         tuple(int, int): (rank id, number of devices); (0, 1) when not distributed.
@@ -56,9 +55,32 @@ def init_distributed(run_distribute, device_num, all_reduce_fusion_config):
         raise ConfigError(f"device_num is {device_num} but the launcher started {group_size} "
                           f"processes: pass --device_num {group_size} (or leave it at 1)")
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
-                                 gradients_mean=True, device_num=group_size,
-                                 all_reduce_fusion_config=all_reduce_fusion_config)
+                                 gradients_mean=True, device_num=group_size)
     return rank, group_size
+
+
+def apply_fusion_config(indices, num_tensors, net_name):
+    """Set the split points of the data-parallel gradient all-reduce
+    (``all_reduce_fusion_config`` of MindSpore's auto-parallel context; read when the training
+    graph compiles).
+
+    Args:
+        indices (list[int]): The configured split points; empty: ``fusion_config_for`` this
+            network's trainable tensors.
+        num_tensors (int): Tensors that train (``len(net.trainable_params())``: frozen ones
+            send no gradient).
+        net_name (str): For the message.
+
+    Returns:
+        list[int]: The split points set.
+
+    Raises:
+        ConfigError: If explicit ``indices`` do not fit (``check_fusion_config``).
+    """
+    indices = list(indices) or fusion_config_for(num_tensors)
+    check_fusion_config(indices, num_tensors, net_name)
+    ms.set_auto_parallel_context(all_reduce_fusion_config=indices)
+    return indices
 
 
 class _SumOverRanks(ms.nn.Cell):
@@ -73,19 +95,84 @@ class _SumOverRanks(ms.nn.Cell):
         return self.all_reduce(x)
 
 
+_SUM_CELLS = {}  # one compiled all-reduce graph per input shape (compiling one takes ~0.2 s)
+
+
+def sum_over_ranks(array):
+    """``array`` (float32) summed element-wise over every rank of the world group, through one
+    all-reduce in a graph compiled once per shape (a call costs about 1.5 ms on CPU for a few
+    values). Every rank must call it, in the same order as the other collectives.
+
+    Args:
+        array (numpy.ndarray): float32, any shape, the same on every rank.
+
+    Returns:
+        numpy.ndarray: float32, the shape of ``array``.
+    """
+    array = np.ascontiguousarray(array, np.float32)
+    if array.shape not in _SUM_CELLS:
+        _SUM_CELLS[array.shape] = _SumOverRanks()
+    return _SUM_CELLS[array.shape](ms.Tensor(array)).asnumpy()
+
+
+def all_gather_ints(values):
+    """Every rank's ``values`` (a list of ints in [-2**31, 2**31), the same length on every
+    rank), in rank order, through one all-reduce over the world group: each rank fills its own
+    slots of a zero array. The CPU all-reduce takes only floats, so each value travels as two
+    16-bit halves (exact in float32).
+
+    Returns:
+        list[list[int]]: one list of values per rank.
+    """
+    from mindspore.communication import get_group_size, get_rank
+    slots = np.zeros((get_group_size(), len(values), 2), np.float32)
+    slots[get_rank()] = [divmod(int(v) + 2 ** 31, 2 ** 16) for v in values]
+    summed = sum_over_ranks(slots).astype(np.int64)
+    return [[int(high) * 2 ** 16 + int(low) - 2 ** 31 for high, low in rank] for rank in summed]
+
+
 def all_gather_int(value):
-    """Every rank's ``value`` (an int in [-2**31, 2**31)), in rank order, through one
-    all-reduce over the world group: each rank fills its own slots of a zero vector. The CPU
-    all-reduce takes only floats, so the value travels as two 16-bit halves (exact in float32).
+    """Every rank's ``value`` (an int in [-2**31, 2**31)), in rank order (``all_gather_ints``).
 
     Returns:
         list[int]: one value per rank.
     """
-    from mindspore.communication import get_group_size, get_rank
-    slots = np.zeros((get_group_size(), 2), np.float32)
-    slots[get_rank()] = divmod(int(value) + 2 ** 31, 2 ** 16)
-    summed = _SumOverRanks()(ms.Tensor(slots)).asnumpy().astype(np.int64)
-    return [int(high) * 2 ** 16 + int(low) - 2 ** 31 for high, low in summed]
+    return [values[0] for values in all_gather_ints([value])]
+
+
+def sum_ints_over_ranks(values):
+    """``values`` (a list of ints in [0, 2**31), the same length on every rank) summed over
+    the ranks, exactly (``all_gather_ints``: one all-reduce).
+
+    Returns:
+        list[int]: the sums, in the order of ``values``.
+    """
+    return [sum(column) for column in zip(*all_gather_ints(values))]
+
+
+def broadcast_from_rank0(arrays):
+    """Rank 0's ``arrays`` on every rank, through one all-reduce (sum) in which the other ranks
+    send zeros: exact, as x + 0 is x in floating point (a -0.0 arrives as 0.0).
+
+    Args:
+        arrays (list[numpy.ndarray]): Floating-point arrays; the same shapes and dtypes on
+            every rank (the values of ranks other than 0 are not used).
+
+    Returns:
+        list[numpy.ndarray]: Rank 0's arrays, each in its own shape and dtype.
+    """
+    from mindspore.communication import get_rank
+    if not arrays:
+        return []
+    flat = np.concatenate([np.ravel(a).astype(np.float32) for a in arrays])
+    if get_rank() != 0:
+        flat = np.zeros_like(flat)
+    summed = sum_over_ranks(flat)
+    out, start = [], 0
+    for a in arrays:
+        out.append(summed[start:start + a.size].reshape(a.shape).astype(a.dtype))
+        start += a.size
+    return out
 
 
 def check_fusion_config(indices, num_tensors, net_name):
@@ -113,5 +200,6 @@ def check_fusion_config(indices, num_tensors, net_name):
 
 
 def fusion_config_for(num_tensors):
-    """The ResNet-50 split [85, 160] of 161 tensors, scaled to ``num_tensors``."""
+    """The ResNet-50 split [85, 160] of 161 tensors (ModelZoo's), scaled to ``num_tensors``:
+    ResNet-18 [33, 61], ResNet-34 [58, 109], ResNet-101 [166, 313], ResNet-152 [247, 466]."""
     return [round(85 * num_tensors / 161), num_tensors - 1]

@@ -6,6 +6,25 @@ import sys
 EARLY_RECORDS = 10000  # lines kept for the log file before its folder is known
 
 
+class RunLogFile(logging.FileHandler):
+    """The run's log file: a failed write (disk full) is kept in ``error`` (the first one)
+    for the run to stop on, instead of logging's traceback on stderr for every line."""
+
+    error = None
+
+    def handleError(self, record):
+        if self.error is None:
+            self.error = sys.exc_info()[1]
+
+
+def log_file_error(logger):
+    """The first write error of ``logger``'s log file (``RunLogFile``), or None."""
+    for handler in logger.handlers:
+        if isinstance(handler, RunLogFile) and handler.error is not None:
+            return f"cannot write {handler.baseFilename}: {handler.error}"
+    return None
+
+
 class _Early(logging.handlers.BufferingHandler):
     """Keeps the records logged before the log file exists (start-up), for that file."""
 
@@ -36,7 +55,7 @@ def get_logger(name, log_file=None, rank=0, stream=None):
     fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%H:%M:%S")
     handlers = [logging.StreamHandler(stream or sys.stdout)]
     if log_file:
-        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+        handlers.append(RunLogFile(log_file, encoding="utf-8"))
         for record in early[0].buffer if early else []:
             handlers[-1].handle(record)
     else:

@@ -1,0 +1,75 @@
+"""export.py's graph forms: ONNX and AIR get the zero-padding stem max pool (``MaxPoolPad1``),
+MindIR keeps the network as built, and choosing AIR prints its deprecation note."""
+import mindspore as ms
+import numpy as np
+import pytest
+
+import export
+from src.models.resnet import MaxPoolPad1, create_network
+from src.utils.cli import run_entry_point
+
+ARGS = ["--config_path", "configs/resnet18_cifar10.yaml", "--batch_size", "2",
+        "--eval_image_size", "32", "--fold_bn", "false"]
+
+
+@pytest.fixture
+def exported(monkeypatch):
+    """Record (format, stem pool cell) per export call instead of writing files."""
+    calls = []
+
+    def record(file_format):
+        def write(net, *inputs, file_name, **kwargs):
+            fmt = kwargs.get("file_format", file_format)
+            calls.append((fmt, net.maxpool))
+            with open(file_name + export.SUFFIXES[fmt], "w") as f:
+                f.write("stand-in")  # for export.py's check that a file was written
+        return write
+    monkeypatch.setattr(ms, "export", record(None))
+    monkeypatch.setattr(ms.onnx, "export", record("ONNX"))
+    return calls
+
+
+@pytest.mark.parametrize("file_format,swapped", [("ONNX", True), ("AIR", True),
+                                                 ("MINDIR", False)])
+def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swapped):
+    net = create_network("resnet18", 10)
+    built = net.maxpool
+    dummy = ms.Tensor(np.zeros((1, 3, 32, 32), np.float32))
+    export.export_model(net, dummy, "unused", file_format)
+    [(fmt, pool)] = exported
+    assert fmt == file_format
+    assert isinstance(pool, MaxPoolPad1) if swapped else pool is built
+
+
+def test_air_export_prints_the_deprecation_note(exported, monkeypatch, capsys, tmp_path):
+    # Ascend stood in for: no device set up, a fresh network instead of a checkpoint
+    monkeypatch.setattr(export, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(export, "load_network", lambda *args: create_network("resnet18", 10))
+    with pytest.raises(SystemExit) as stop:
+        run_entry_point(export.main, [*ARGS, "--device_target", "Ascend", "--file_format",
+                                      "AIR", "--checkpoint_path", "unused.ckpt",
+                                      "--file_name", str(tmp_path / "model")])
+    assert stop.value.code == 0
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if "AIR" in line] == [export.AIR_NOTE]
+    assert "deprecated" in export.AIR_NOTE and "MINDIR" in export.AIR_NOTE
+    assert ".air" in out and [fmt for fmt, _ in exported] == ["AIR"]
+    assert isinstance(exported[0][1], MaxPoolPad1)
+
+
+def test_air_note_also_precedes_the_off_ascend_error(capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_entry_point(export.main, [*ARGS, "--device_target", "CPU", "--file_format", "AIR",
+                                      "--checkpoint_path", "unused.ckpt"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == export.AIR_NOTE and "AIR needs device_target Ascend" in err[1]
+
+
+def test_no_note_for_mindir(monkeypatch, capsys):
+    monkeypatch.setattr(export, "setup_device", lambda *args, **kwargs: None)
+    with pytest.raises(SystemExit) as stop:  # stops at the missing checkpoint
+        run_entry_point(export.main, [*ARGS, "--file_format", "MINDIR", "--checkpoint_path",
+                                      "missing.ckpt"])
+    assert stop.value.code == 2
+    assert "deprecated" not in capsys.readouterr().err
