@@ -33,14 +33,7 @@ from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, create_dataset
 from src.models.resnet import create_network
-from src.training.callbacks import (
-    CheckpointSaver,
-    StepState,
-    StopAtStep,
-    StopSignals,
-    TrainMonitor,
-    loss_value,
-)
+from src.training.callbacks import StepState, StopAtStep, TrainMonitor, loss_value
 from src.training.evaluator import BestCheckpointEvaluator, eval_shard
 from src.training.lr_schedule import LR_KEYS, create_lr
 from src.training.model import build_model, eval_model
@@ -54,6 +47,8 @@ from src.training.resume import (
     find_resume_checkpoint,
     restore_training_state,
 )
+from src.training.saver import CheckpointSaver
+from src.training.signals import StopSignals
 from src.utils.checkpoint import load_into_network, own_checkpoints, remove_stale_partials
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config

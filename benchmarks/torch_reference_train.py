@@ -9,7 +9,9 @@ recipe in PyTorch terms:
 
 - network: ``tests/torch_resnet.py`` (torchvision's layout), from ``--pre_trained``: one of our
   ``.ckpt`` files (converted with ``tools/convert_torch_checkpoint.py``) or a torch ``.pth``;
-- LR: the per-step array of ``src.training.lr_schedule.create_lr`` (the same keys, the same values);
+- LR: one value per step, computed here from the recipe's keys (``lr_per_step``: linear scaling
+  with the batch, linear warmup, then cosine / linear / step decay, NVIDIA's formulas), not
+  imported from ``src.training.lr_schedule``, so a mistake there shows as a difference;
 - optimizer: ``torch.optim.SGD`` (momentum, no dampening) with weight decay on convolution and
   linear weights only, BatchNorm and biases none (NVIDIA's rule, ``src/training/optimizer.py``);
 - loss: ``torch.nn.CrossEntropyLoss(label_smoothing=eps)`` (``src/training/loss.py``'s convention);
@@ -42,7 +44,6 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from src.data.image_check import check_image_folder, is_image_name  # noqa: E402
-from src.training.lr_schedule import LR_KEYS, create_lr  # noqa: E402
 from src.utils.cli import run_entry_point  # noqa: E402
 from src.utils.config import ConfigError, parse_config  # noqa: E402
 from src.utils.errors import MissingFileError  # noqa: E402
@@ -187,6 +188,57 @@ def loader(dataset, cfg, order=None, pin_memory=False):
                                        pin_memory=pin_memory)
 
 
+# ---- LR ----
+
+def lr_per_step(cfg, global_batch_size, steps_per_epoch):
+    """The LR of every optimizer step, from the recipe's keys, written out here.
+
+    NVIDIA DeepLearningExamples' ResNet-50 v1.5 policies (``image_classification/
+    training.py``: ``lr_cosine_policy``, ``lr_linear_policy``, ``lr_step_policy``), evaluated
+    per step instead of per epoch, with W warmup steps and T steps in all:
+
+    - peak = ``base_lr`` * global batch / ``base_lr_batch_size`` (Goyal et al.'s linear scaling);
+    - W = ``warmup_epochs`` * steps per epoch (at most T); step s < W: peak * (s + 1) / W;
+    - ``cosine``, step s >= W, e = s - W, E = T - W: end + (peak - end) * (1 + cos(pi e / E)) / 2;
+    - ``linear``: peak + (end - peak) * e / E (end = ``lr_end``, absolute);
+    - ``step``: peak * ``lr_decay_factor`` ** (number of ``lr_decay_epochs`` d with
+      s >= d * steps per epoch).
+
+    Args:
+        cfg (Config): ``lr_schedule``, ``base_lr``, ``base_lr_batch_size``, ``epoch_size``,
+            ``warmup_epochs``, ``lr_end``, ``lr_decay_epochs``, ``lr_decay_factor``.
+        global_batch_size (int): Images per optimizer step.
+        steps_per_epoch (int): Optimizer steps in one epoch.
+
+    Returns:
+        tuple: (float32 numpy array of shape (epoch_size * steps_per_epoch,), peak LR).
+
+    Raises:
+        ConfigError: For an unknown ``lr_schedule``.
+    """
+    peak = cfg.base_lr * global_batch_size / cfg.base_lr_batch_size
+    total = cfg.epoch_size * steps_per_epoch
+    warmup = min(cfg.warmup_epochs * steps_per_epoch, total)
+    end = cfg.lr_end
+    values = []
+    for s in range(total):
+        e, span = s - warmup, total - warmup
+        if s < warmup:
+            value = peak * (s + 1) / warmup
+        elif cfg.lr_schedule == "cosine":
+            value = end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * e / span))
+        elif cfg.lr_schedule == "linear":
+            value = peak + (end - peak) * e / span
+        elif cfg.lr_schedule == "step":
+            drops = sum(s >= d * steps_per_epoch for d in cfg.lr_decay_epochs)
+            value = peak * cfg.lr_decay_factor ** drops
+        else:
+            raise ConfigError(f"lr_schedule {cfg.lr_schedule}: the twin knows cosine, linear "
+                              f"and step")
+        values.append(value)
+    return np.array(values, np.float32), peak
+
+
 # ---- network, optimizer ----
 
 def load_initial_weights(net, path):
@@ -295,8 +347,7 @@ def main(argv=None):
     else:
         log.warning("no pre_trained: torch's own random initialization (not ours)")
     net.to(device).train()
-    lr, peak_lr = create_lr(**{k: cfg[k] for k in LR_KEYS}, global_batch_size=cfg.batch_size,
-                            steps_per_epoch=steps_per_epoch)
+    lr, peak_lr = lr_per_step(cfg, cfg.batch_size, steps_per_epoch)
     log.info("batch %d: peak LR %.6g; %d steps per epoch, %d in all; device %s, %d threads",
              cfg.batch_size, peak_lr, steps_per_epoch, len(lr), device, torch.get_num_threads())
     optimizer = torch.optim.SGD(weight_decay_groups(net, cfg.weight_decay), lr=float(lr[0]),
@@ -342,7 +393,8 @@ def main(argv=None):
                                       or epoch + 1 == cfg.epoch_size):
             top1, top5 = evaluate(net, eval_data, device, cfg.class_num)
             best_top1 = max(best_top1, top1)
-            record.update(top1=top1, top5=top5, best_top1=best_top1)
+            record.update(top1=top1, top5=top5, best_top1=best_top1,
+                          eval_images=len(eval_data.dataset))
         log.info("epoch %d done: %s", epoch + 1, json.dumps(record))
         with open(metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")

@@ -9,8 +9,10 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import RunContext
 
-from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor
+from src.training.callbacks import StepState, TrainMonitor
 from src.training.evaluator import BestCheckpointEvaluator, EvalShard
+from src.training.saver import CheckpointSaver
+from src.training.signals import StopSignals
 from src.utils.checkpoint import load_into_network, read_checkpoint, stored_best
 from src.utils.errors import WriteError
 

@@ -23,7 +23,7 @@ def test_defaults_are_the_nvidia_recipe():
     assert cfg.warmup_epochs == 8 and cfg.lr_schedule == "cosine" and cfg.lr_end == 0.0
     assert cfg.label_smoothing == 0.1
     assert (cfg.train_image_size, cfg.eval_image_size, cfg.eval_resize) == (224, 224, 256)
-    assert cfg.all_reduce_fusion_config == [85, 160]
+    assert cfg.all_reduce_fusion_config == []  # for the network: ResNet-50 [85, 160]
     assert (cfg.save_checkpoint_epochs, cfg.keep_checkpoint_max) == (5, 10)
 
 

@@ -320,6 +320,25 @@ def test_fusion_config_is_checked_against_the_network():
     assert fusion_config_for(161) == [85, 160]
 
 
+@pytest.mark.parametrize("net_name, split", [("resnet18", [33, 61]), ("resnet34", [58, 109]),
+                                             ("resnet50", [85, 160]),
+                                             ("resnet101", [166, 313])])
+def test_the_default_fusion_split_is_chosen_for_the_network(net_name, split):
+    # before: [85, 160] whatever the network, so --net_name resnet18 stopped with an error
+    import mindspore as ms
+
+    from src.models.resnet import create_network
+    from src.utils.device import apply_fusion_config
+    tensors = len(create_network(net_name, 10).trainable_params())
+    try:
+        assert apply_fusion_config([], tensors, net_name) == split
+        assert ms.get_auto_parallel_context("all_reduce_fusion_config") == split
+        with pytest.raises(ValueError, match="does not fit"):
+            apply_fusion_config([tensors, tensors + 5], tensors, net_name)  # explicit: checked
+    finally:
+        ms.reset_auto_parallel_context()
+
+
 # ---- the collective stop and the sharded evaluation, one process standing in for the ranks ----
 
 class Params(dict):
@@ -330,7 +349,7 @@ class Params(dict):
 def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step():
     from mindspore.train import RunContext
 
-    from src.training.callbacks import StopSignals
+    from src.training.signals import StopSignals
 
     log = logging.getLogger("test")
     peer = [0]  # the other rank's signal number in the exchange (0: none)
@@ -360,7 +379,9 @@ def test_every_rank_waits_for_rank0s_save_of_a_stop_and_learns_its_outcome(tmp_p
     from mindspore import nn
     from mindspore.train import RunContext
 
-    from src.training.callbacks import CheckpointSaver, StepState, StopSignals
+    from src.training.callbacks import StepState
+    from src.training.saver import CheckpointSaver
+    from src.training.signals import StopSignals
 
     log = logging.getLogger("test")
     path = str(tmp_path / checkpoint_name("net", 7, 10))

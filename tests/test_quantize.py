@@ -27,8 +27,8 @@ COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--batch_size", str(
 # Measured on probe_ckpt with seeds 0-5 (200 test images, this CPU: x86-64 with VNNI): int8
 # top-1 minus fp32 top-1 from -2.0 to +1.0 points, top-1 agreement 0.905-0.94 (a weak ~20%
 # model: its low-margin predictions flip), mean logits cosine 0.9938-0.9964 (seed 0: -1.5
-# points, 0.915, 0.9953). The README's 5-epoch CIFAR-10 ResNet-18 loses 0.07 points on the
-# 10,000 test images, with agreement 0.989 and mean cosine 0.9989.
+# points, 0.915, 0.9953). The 5-epoch CIFAR-10 ResNet-18 of docs/deployment.md loses 0.07 points
+# on the 10,000 test images, with agreement 0.989 and mean cosine 0.9989.
 MAX_TOP1_DROP = 0.03
 MIN_MEAN_COSINE = 0.99
 MIN_TOP1_AGREEMENT = 0.85
@@ -121,6 +121,36 @@ def test_int8_export_is_a_qdq_graph_with_int8_weights(exported):
     result = exported["result"]
     assert f"int8 (static QDQ) calibrated on 256 images of {TRAIN}" in result.stdout
     assert "calibration: 256/256 images" in result.stderr
+
+
+def test_every_convolution_has_per_channel_symmetric_int8_weights(exported):
+    """The quantization structure of quantize.py's choices, read from the graph (the accuracy
+    bounds below cannot tell per-tensor from per-channel weights on the weak probe): every
+    Conv's weight comes through a DequantizeLinear of an int8 initializer with one scale per
+    output channel along axis 0 (a 1-D scale of length out_channels; per-tensor is a scalar)
+    and zero points all 0 (symmetric QInt8); its input through a uint8 activation DQ."""
+    from onnx import numpy_helper
+
+    model = onnx.load(exported["int8"])
+    init = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    convs = [node for node in model.graph.node if node.op_type == "Conv"]
+    assert len(convs) == 20
+    for conv in convs:
+        dq = producer.get(conv.input[1])
+        assert dq is not None and dq.op_type == "DequantizeLinear", conv.name
+        weight, scale, zero = (init[name] for name in dq.input)
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)  # ONNX default: 1
+        assert weight.dtype == np.int8 and weight.ndim == 4, conv.name
+        assert scale.shape == (weight.shape[0],) and axis == 0, (
+            f"{conv.name}: weight scale of shape {scale.shape} on axis {axis}, expected one "
+            f"per output channel ({weight.shape[0]},) on axis 0: per-tensor quantization?")
+        assert (scale > 0).all() and zero.shape == scale.shape and not zero.any(), conv.name
+        # each channel's scale is its own: max |w| maps to 127 (MinMax, symmetric)
+        np.testing.assert_array_equal(np.abs(weight).reshape(len(weight), -1).max(axis=1), 127)
+        source = producer.get(conv.input[0])
+        assert source is not None and source.op_type == "DequantizeLinear", conv.name
+        assert init[source.input[2]].dtype == np.uint8, conv.name
 
 
 # ---- eval.py, predict.py and the logits ----

@@ -70,6 +70,9 @@ def assert_same_final_state(out, reference, final_name=FINAL):
     for name, value in reference.items():
         if name == "run_config":  # the resumed run's config says resume_ckpt: auto
             continue
+        if isinstance(value, str):  # best_score: the resumed run's best is the same
+            assert final[name] == value, name
+            continue
         np.testing.assert_array_equal(final[name].asnumpy(), value.asnumpy(), err_msg=name)
     assert any(n.startswith(("moments.", "adam_m.")) for n in reference)  # optimizer state too
 
@@ -251,13 +254,9 @@ def test_overflowed_steps_are_counted_not_fatal(tmp_path):
 
     from mindspore.train import RunContext
 
-    from src.training.callbacks import (
-        CheckpointSaver,
-        StepState,
-        StopSignals,
-        TrainMonitor,
-        step_status,
-    )
+    from src.training.callbacks import StepState, TrainMonitor, step_status
+    from src.training.saver import CheckpointSaver
+    from src.training.signals import StopSignals
 
     def outputs(loss, overflow):
         return (ms.Tensor(np.float32(loss)), ms.Tensor(overflow), ms.Tensor(np.float32(1024)))

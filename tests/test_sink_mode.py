@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from mindspore.train import RunContext
 
-from src.training.callbacks import CheckpointSaver, StepState, StopAtStep, StopSignals, TrainMonitor
+from src.training.callbacks import StepState, StopAtStep, TrainMonitor
+from src.training.saver import CheckpointSaver
+from src.training.signals import StopSignals
 from src.utils.config import ConfigError, parse_config
 from train import build_data, resolve_sink_size, run_dataset, train_sunk
 
@@ -86,7 +88,8 @@ def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4):
         built.append(FakeDataset())
         return built[-1]
 
-    cbs = SimpleNamespace(state=state, saver=SimpleNamespace(error=None), all=[state])
+    cbs = SimpleNamespace(state=state, saver=SimpleNamespace(error=None),
+                          monitor=SimpleNamespace(error=None), all=[state])
     cfg = SimpleNamespace(epoch_size=epoch_size)
     data = SimpleNamespace(steps_per_epoch=steps_per_epoch)
     stop = StopSignals(logging.getLogger("test"))

@@ -16,9 +16,11 @@ import pytest
 from mindspore import nn
 from mindspore.train import RunContext
 
-from src.training.callbacks import CheckpointSaver, StepState, StopSignals, TrainMonitor
+from src.training.callbacks import StepState, TrainMonitor
 from src.training.output_dir import prepare_output_dir
 from src.training.resume import agree_across_ranks
+from src.training.saver import CheckpointSaver
+from src.training.signals import StopSignals
 from src.utils.checkpoint import atomic_save_checkpoint, checkpoint_name
 from src.utils.config import ConfigError
 from src.utils.errors import OutputDirError
@@ -118,7 +120,7 @@ def test_keep_checkpoint_max_prunes_only_files_this_run_wrote(tmp_path):
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch):
-    import src.training.callbacks
+    import src.training.saver
 
     state = StepState()
     saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 100,
@@ -131,7 +133,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(src.training.callbacks, "atomic_save_checkpoint", disk_full)
+    monkeypatch.setattr(src.training.saver, "atomic_save_checkpoint", disk_full)
     run_steps(state, saver, context, 2)
     assert context.get_stop_requested() and "No space left on device" in saver.error
     assert saver.last_saved == good

@@ -281,7 +281,7 @@ class Lamb(_BiasCorrectedAdam):
 def _build_momentum(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
     """``nn.Momentum``: exactly the recipes' optimizer (betas and eps unused)."""
     del beta1, beta2, eps
-    return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum, use_nesterov=True,
+    return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum,
                        loss_scale=loss_scale)
 
 

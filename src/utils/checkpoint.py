@@ -233,9 +233,10 @@ def position_of(path, steps_per_epoch):
 
 def periodic_checkpoints(output_dir, prefix, steps_per_epoch):
     """Training checkpoints ``prefix-E_S.ckpt`` in ``output_dir``, newest position first."""
+    own_name = re.compile(re.escape(prefix) + r"-\d+_\d+\.ckpt")  # not "resnet18-run2-1_4"
     found = [(position_of(p, steps_per_epoch), p)
              for p in glob.glob(os.path.join(glob.escape(output_dir), f"{prefix}-*_*.ckpt"))
-             if not p.endswith(".partial.ckpt")]
+             if own_name.fullmatch(os.path.basename(p))]
     return [p for pos, p in sorted(found, reverse=True) if pos is not None]
 
 

@@ -1,0 +1,154 @@
+"""Resumable checkpoints of a training run: saved atomically every ``save_checkpoint_epochs``
+epochs / ``save_checkpoint_steps`` steps and on a stop, pruned to the run's own newest files."""
+import json
+import logging
+import os
+
+import numpy as np
+from mindspore.train import Callback
+
+from src.training.callbacks import passed_multiple
+from src.utils.checkpoint import (
+    BEST_KEY,
+    CONFIG_KEY,
+    STEP_KEY,
+    atomic_save_checkpoint,
+    checkpoint_name,
+    prune,
+)
+
+LOGGER = logging.getLogger(__name__)
+
+
+class CheckpointSaver(Callback):
+    """Save resumable checkpoints atomically; on a stop signal save at the current step and
+    stop training.
+
+    Saves every ``save_epochs`` epochs, at the end of training, and every ``save_steps``
+    steps when positive. Keeps the newest ``keep_max`` of the files this run wrote (a
+    resumed run counts the files of the run it continues, passed as ``own_files``); other
+    files in the folder are never touched. Nothing is saved after a non-finite loss, nor
+    parameters that are not all finite. A checkpoint that cannot be written (non-finite
+    parameters, disk full, permission) stops training: ``error`` says why, ``diverged`` tells
+    non-finite parameters from a write failure, and ``last_saved`` names the last good
+    checkpoint.
+
+    Data parallel: on a stop signal (agreed by ``StopSignals``, so at the same step on every
+    rank) the ranks wait for the writing rank's save, one all-reduce, and learn whether it
+    succeeded: the others must not exit first, as msrun kills the remaining workers as soon as
+    one exits with a non-zero status. A rank that writes nothing then names rank 0's checkpoint
+    in ``last_saved``, or records in ``error`` that rank 0 could not write it.
+
+    Args:
+        state (StepState): The per-step state, updated before this callback runs.
+        stop (StopSignals): Whether a stop signal came (and the collective of data parallel).
+        output_dir (str): Folder of the checkpoints.
+        prefix (str): File name prefix (the network name).
+        steps_per_epoch (int): Steps in one epoch.
+        total_steps (int): Steps of the whole run.
+        run_config (str): The run's config as JSON, stored in every checkpoint.
+        save_epochs (int): Epochs between saves.
+        save_steps (int): Steps between saves; 0 for none.
+        keep_max (int): Checkpoints of this run kept.
+        own_files (list[str]): Checkpoints of this run written before (resumed runs),
+            oldest first.
+        write (bool): Whether this process writes files (rank 0 in data parallel); every
+            rank still stops on a signal.
+        best (callable, optional): ``best() -> dict or None``, the evaluator's best score so
+            far (``BestCheckpointEvaluator.best_score``), stored in every checkpoint so a
+            resumed run keeps it.
+
+    A ``save_steps`` multiple that falls on an epoch's last step is saved at the epoch's end,
+    after ``TrainMonitor`` wrote the epoch's record: a run killed in between then resumes
+    before that epoch and writes its record once (``trim_records`` drops the records after the
+    resumed step).
+    """
+
+    def __init__(self, state, stop, output_dir, prefix, steps_per_epoch, total_steps,
+                 run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
+                 write=True, best=None):
+        super().__init__()
+        self.state, self.stop = state, stop
+        self.output_dir, self.prefix = output_dir, prefix
+        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
+        self.run_config = run_config
+        self.save_epochs, self.save_steps, self.keep_max = save_epochs, save_steps, keep_max
+        self.own_files = list(own_files)
+        self.write = write
+        self.best = best
+        self.step_save_due = False  # a save_steps multiple reached at an epoch's last step
+        self.error = None
+        self.diverged = False  # the failure was non-finite parameters (not a write error)
+        self.last_saved = self.own_files[-1] if self.own_files else None
+
+    def on_train_step_end(self, run_context):
+        if self.error or self.state.nonfinite_step:
+            return
+        step, done = self.state.global_step, self.state.steps_per_call
+        if self.stop.received:
+            self.save(run_context)
+            if self.stop.collective:
+                self._wait_for_the_writer()
+            run_context.request_stop()
+        elif self.save_steps and passed_multiple(step, done, self.save_steps):
+            # in sink mode: the first sink end at or past a multiple
+            if step % self.steps_per_epoch:
+                self.save(run_context)
+            else:
+                self.step_save_due = True  # after the epoch's record: on_train_epoch_end
+
+    def on_train_epoch_end(self, run_context):
+        if self.error or self.state.nonfinite_step:
+            return
+        step = self.state.global_step
+        epoch, into_epoch = divmod(step, self.steps_per_epoch)
+        due, self.step_save_due = self.step_save_due, False
+        if self.stop.received or due or (not into_epoch and (epoch % self.save_epochs == 0
+                                                             or step == self.total_steps)):
+            self.save(run_context)  # a signal during epoch-end eval saves here too
+
+    def save(self, run_context):
+        """Write the training cell's state (network, optimizer, step, run config) under the
+        current position, atomically; on failure record ``error`` and stop training."""
+        step = self.state.global_step
+        path = os.path.join(self.output_dir, checkpoint_name(self.prefix, step,
+                                                             self.steps_per_epoch))
+        if path == self.last_saved or not self.write:
+            return
+        train_network = run_context.original_args().train_network
+        if not all(np.isfinite(p.asnumpy()).all() for p in train_network.get_parameters()):
+            self.diverged = True
+            self._fail(run_context, f"non-finite parameters at global step {step}, not saved "
+                                    f"as {path}")
+            return
+        try:
+            best = self.best() if self.best else None
+            atomic_save_checkpoint(train_network, path,
+                                   {STEP_KEY: step, CONFIG_KEY: self.run_config,
+                                    BEST_KEY: json.dumps(best) if best else ""})
+        except (OSError, RuntimeError) as err:
+            self._fail(run_context, f"cannot write checkpoint {path}: "
+                                    f"{str(err).splitlines()[0]}")
+            return
+        self.last_saved = path
+        self.own_files = prune([p for p in self.own_files if p != path] + [path],
+                               self.keep_max)
+
+    def _wait_for_the_writer(self):
+        """Every rank, after the save of a stop: wait until the writing rank has saved (or
+        failed) and take its outcome."""
+        path = os.path.join(self.output_dir, checkpoint_name(self.prefix, self.state.global_step,
+                                                             self.steps_per_epoch))
+        written = self.stop.gather(int(self.write and self.last_saved == path))
+        if self.write:
+            return
+        if any(written):
+            self.last_saved = path
+        elif not self.error:
+            self.error = (f"the writing rank did not save the checkpoint of global step "
+                          f"{self.state.global_step} ({path}): see its log")
+
+    def _fail(self, run_context, message):
+        self.error = message
+        LOGGER.error("%s; stopping", message)
+        run_context.request_stop()

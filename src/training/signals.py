@@ -1,0 +1,128 @@
+"""Stop signals during training: SIGINT/SIGTERM finish the current step, save and stop; in data
+parallel every rank stops after the same step. A second signal exits at once."""
+import logging
+import os
+import signal
+
+from mindspore.train import Callback
+
+LOGGER = logging.getLogger(__name__)
+
+
+class StopSignals(Callback):
+    """SIGINT/SIGTERM: finish the current step, save, stop. A second signal exits at once.
+
+    ``install()`` runs before anything slow (data check, graph compilation), so a signal at
+    start-up is caught too. While a compiled step runs, MindSpore 2.10's runtime has its own
+    SIGINT handler in place, which turns Ctrl-C into a SIGTERM sent to the process: a Ctrl-C
+    then arrives here as SIGTERM (exit status 143 instead of 130). Ours is installed again
+    around every step (two system calls), so a Ctrl-C at start-up, between steps or during
+    evaluation arrives as SIGINT.
+
+    Data parallel (``Model``'s parallel mode with more than one device, read at
+    ``on_train_begin``): every rank must stop after the same step, or the ranks still training
+    block in the next gradient all-reduce and rank 0, the only one writing checkpoints, may
+    never save. So a signal is only noted when it arrives (``own``); at the end of every step
+    (every sink call in sink mode) the ranks exchange the signals they got (one all-reduce of
+    one int per rank, about 1.5 ms on CPU) and all set ``received`` after the same step: their
+    own signal, or on a rank not signalled that of the lowest signalled rank, named in a log
+    line. Training then stops after that step on every rank, rank 0 saves it
+    (``CheckpointSaver``) and every rank exits with 128 + ``signum`` (train.py): the rank that
+    was signalled and the ranks stopped with it. A signal after the last step's exchange (during
+    the last evaluation or save) does not stop the run: it is complete. A signal before the
+    first ``Model.train`` call (data check, network build) stops that rank before its first
+    step; the launcher (msrun) then ends the others, with nothing trained to save; one during
+    the graph compilation stops every rank after the first step. A second signal to the same
+    process exits it at once, without saving.
+
+    Args:
+        logger (logging.Logger): Where the acknowledgement goes.
+        exit_now (callable): ``exit_now(status)`` for the second signal (default ``os._exit``).
+        gather (callable, optional): ``gather(int) -> list[int]``, every rank's value in rank
+            order; given, the stop is collective from the start. Default: in data parallel
+            ``src.utils.device.all_gather_int``.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, logger, exit_now=os._exit, gather=None):
+        super().__init__()
+        self.logger = logger
+        self.exit_now = exit_now
+        self.received = None  # the signal that stops training (agreed, in data parallel)
+        self.own = None  # the first signal this process got
+        self._gather = gather
+        self._previous = {}
+
+    @property
+    def signum(self):
+        """The signal that stopped training (an int), or None."""
+        return getattr(signal, self.received) if self.received else None
+
+    @property
+    def collective(self):
+        """Whether the stop is agreed over the ranks (data parallel)."""
+        return self._gather is not None
+
+    def gather(self, value):
+        """Every rank's ``value`` in rank order (``[value]`` outside data parallel); every rank
+        must call it at the same point."""
+        return self._gather(value) if self.collective else [value]
+
+    def install(self):
+        """Catch SIGINT and SIGTERM (the handlers found first are kept for ``restore``)."""
+        for signum in self.SIGNALS:
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
+
+    def restore(self):
+        """Put back the handlers found before the first ``install``."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame):
+        del frame
+        name = signal.Signals(signum).name
+        if self.own:
+            self.logger.error("second stop signal (%s): exiting now without saving", name)
+            self.exit_now(128 + signum)
+            return
+        self.own = name
+        if not self.collective:
+            self.received = name
+        self.logger.warning("%s received: stopping after the current step with a checkpoint%s "
+                            "(Ctrl-C again to exit at once, without saving)", name,
+                            ", every rank after the same step" if self.collective else "")
+
+    def on_train_begin(self, run_context):
+        from mindspore import ParallelMode
+
+        cb_params = run_context.original_args()
+        try:
+            parallel = (cb_params.parallel_mode == ParallelMode.DATA_PARALLEL
+                        and (cb_params.device_number or 1) > 1)
+        except (AttributeError, KeyError):  # not Model's parameters (tests)
+            parallel = False
+        if parallel and self._gather is None:
+            from src.utils.device import all_gather_int
+            self._gather = all_gather_int
+
+    def on_train_step_begin(self, run_context):
+        self.install()
+
+    def on_train_step_end(self, run_context):
+        self.install()
+        if self.collective and self.received is None:
+            self._agree(run_context)
+
+    def _agree(self, run_context):
+        """Exchange the signals the ranks got; on any, stop every rank after this step."""
+        signalled = [(rank, signal.Signals(value).name) for rank, value in enumerate(
+            self.gather(getattr(signal, self.own) if self.own else 0)) if value]
+        if not signalled:
+            return
+        self.received = self.own or signalled[0][1]
+        self.logger.warning("stopping every rank after this step (rank 0 saves it): %s",
+                            ", ".join(f"rank {rank} received {name}"
+                                      for rank, name in signalled))
+        run_context.request_stop()
