@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the requirements into .venv, lint (ruff, settings in pyproject.toml), then run the test
-# suite (CPU, about 11-13 minutes on 2 cores).
+# suite (CPU, about 15 minutes on 2 cores).
 # Runs on the real images shipped in data/. The few large real-data checks also read
 # ../shared/data beside the repository: without it they are skipped, each with its reason in
 # the summary (with CI=true they fail instead).
