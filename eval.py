@@ -9,7 +9,11 @@
 file (ONNX Runtime, the fastest on CPU); an exported model takes the --batch_size it was
 exported with. Prints the result and writes it as JSON (``eval_result.json`` in --output_dir).
 Every image is evaluated once: no shuffling, the last partial batch is kept; the image count
-reported is that of the labels evaluated. Progress (images done, img/s, ETA) goes to stderr:
+reported is that of the labels evaluated. The JSON also holds the per-class report: accuracy,
+precision, recall and F1 per class, the confusion matrix, and the misclassified images (file
+path, or index for the CIFAR-10 binary format; true and predicted class, probability), most
+confident mistakes first; ``--plot true`` draws the confusion matrix
+(``confusion_matrix.png``). Progress (images done, img/s, ETA) goes to stderr:
 a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/utils/progress.py``).
 ``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
 """
@@ -25,9 +29,11 @@ import time
 import mindspore as ms
 import mindspore.nn as nn
 
+from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
-from src.data.pipeline import class_names_of, count_images, create_dataset
+from src.data.pipeline import class_names_of, count_images, create_dataset, image_folder_files
 from src.deploy.inference import load_predictor
+from src.deploy.report import ClassReport, plot_confusion
 from src.models.resnet import create_network
 from src.training.loss import CrossEntropySmooth
 from src.utils.cli import run_entry_point
@@ -42,7 +48,7 @@ SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
-def evaluate(predict, dataset, cfg, progress):
+def evaluate(predict, dataset, cfg, progress, report=None):
     """Top-1, top-5 and the mean per-batch loss (label-smoothed cross-entropy, as in
     training) of ``predict`` (numpy images -> numpy logits) over every batch of ``dataset``,
     with MindSpore's metric classes (as ``Model.eval`` computes them).
@@ -52,6 +58,7 @@ def evaluate(predict, dataset, cfg, progress):
         dataset (mindspore.dataset.Dataset): Batches of ``image`` and ``label`` columns.
         cfg (Config): ``class_num``, ``label_smoothing`` and ``checkpoint_path`` (messages).
         progress (Progress): Told the number of images of each batch once evaluated.
+        report (ClassReport, optional): Also given every batch (the per-class report).
 
     Returns:
         dict: ``top1``, ``top5``, ``loss`` (floats) and ``images``: the number of labels
@@ -72,6 +79,8 @@ def evaluate(predict, dataset, cfg, progress):
         metrics["top1"].update(logits, labels)
         metrics["top5"].update(logits, labels)
         metrics["loss"].update(loss_fn(ms.Tensor(logits), ms.Tensor(labels)))
+        if report is not None:
+            report.update(logits, labels)
         evaluated += len(labels)
         progress.update(len(labels))
     return {**{name: float(metric.eval()) for name, metric in metrics.items()},
@@ -131,20 +140,38 @@ def main(argv=None):
     predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
                              cfg.use_ema, cfg.device_target)
 
+    report = class_report(cfg)
     start = time.time()
     with readable_pipeline_errors(), Progress(total, "eval") as progress:
-        result = evaluate(predict, dataset, cfg, progress)
+        result = evaluate(predict, dataset, cfg, progress, report)
     seconds = time.time() - start
-    report = {"checkpoint_path": cfg.checkpoint_path, "data_path": cfg.data_path,
+    summary = {"checkpoint_path": cfg.checkpoint_path, "data_path": cfg.data_path,
               "net_name": cfg.net_name, "images": result["images"],
               "top1": result["top1"], "top5": result["top5"],
               "loss": result["loss"], "time_s": round(seconds, 2)}
-    print(json.dumps(report, indent=1))
+    print(json.dumps(summary, indent=1))
+    details = report.summary()
+    worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
+        details["per_class"], key=lambda c: c["accuracy"])[:3])
     out = os.path.join(cfg.output_dir, "eval_result.json")
-    atomic_write_text(out, json.dumps(report, indent=1))
-    print(f"top-1 {report['top1']:.4f}  top-5 {report['top5']:.4f} over {report['images']} "
-          f"images; written to {out}")
+    atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
+    print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over {summary['images']} "
+          f"images; lowest per-class accuracy: {worst}; "
+          f"{len(details['misclassified'])} misclassified images listed in {out}")
+    if cfg.plot:
+        picture = os.path.join(cfg.output_dir, "confusion_matrix.png")
+        plot_confusion(details["confusion_matrix"], report.names, picture)
+        print(f"confusion matrix: {picture}")
     return 0
+
+
+def class_report(cfg):
+    """An empty ``ClassReport`` of the eval data: class names from the class folders (the
+    CIFAR-10 names for the binary format), images named by path (by index for CIFAR-10)."""
+    if cfg.dataset == "imagefolder":
+        return ClassReport(cfg.class_num, class_names_of(cfg.data_path),
+                           image_folder_files(cfg.data_path))
+    return ClassReport(cfg.class_num, CIFAR10_CLASSES)
 
 
 if __name__ == "__main__":

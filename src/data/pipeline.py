@@ -28,7 +28,12 @@ import mindspore.dataset.transforms as transforms
 import numpy as np
 
 from src.data.augment import check_augment_args
-from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError, check_image_folder
+from src.data.image_check import (
+    IMAGE_EXTENSIONS,
+    ImageFolderError,
+    check_image_folder,
+    is_image_name,
+)
 from src.data.transforms import create_transforms
 from src.utils.errors import MissingFileError
 
@@ -177,6 +182,18 @@ def _cifar10_binary(data_path, is_training, check_images, **kwargs):
 
 
 DATASET_READERS = {"imagefolder": _image_folder, "cifar10": _cifar10_binary}
+
+
+def image_folder_files(data_path):
+    """(path, label) of every image of a class-folder root in the order the eval pipeline
+    reads them (``ImageFolderDataset`` without shuffling: class folders in label order, the
+    files of each sorted by name, image extensions as ``IMAGE_EXTENSIONS``)."""
+    files = []
+    for label, name in enumerate(class_names_of(data_path)):
+        folder = os.path.join(data_path, name)
+        files += [(os.path.join(folder, f), label) for f in sorted(os.listdir(folder))
+                  if is_image_name(f) and os.path.isfile(os.path.join(folder, f))]
+    return files
 
 
 def class_names_of(data_path):

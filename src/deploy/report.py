@@ -1,0 +1,154 @@
+"""The per-class report of an evaluation: accuracy, precision, recall and F1 per class, the
+confusion matrix, the misclassified images (most confident mistakes first), and the confusion
+matrix as a picture.
+
+Definitions as scikit-learn's ``classification_report`` / ``confusion_matrix``: row = true
+class, column = predicted class (top-1); a class's accuracy is its recall (correct / images of
+the class); precision = correct / predicted as the class; F1 their harmonic mean; a ratio with
+a zero denominator is 0.
+"""
+import os
+import tempfile
+
+import numpy as np
+
+from src.utils.errors import UserError, WriteError
+
+FULL_PLOT_CLASSES = 50  # up to this many classes the picture names every row and column
+TOP_CONFUSIONS = 20  # listed beside the picture beyond FULL_PLOT_CLASSES
+
+
+class ClassReport:
+    """Accumulates an evaluation, batch by batch.
+
+    Args:
+        class_num (int): Number of classes K.
+        names (list[str]): Class names in label order (K of them).
+        images (list[tuple(str, int)], optional): (file path, label) of each image in
+            evaluation order (class folders: ``src.data.pipeline.image_folder_files``), checked
+            against the labels evaluated; None: images are named by their index in
+            evaluation order (the CIFAR-10 binary format).
+    """
+
+    def __init__(self, class_num, names, images=None):
+        self.class_num, self.names, self.images = class_num, list(names), images
+        self.confusion = np.zeros((class_num, class_num), np.int64)
+        self.mistakes = []  # (probability of the prediction, index, true, predicted)
+        self.seen = 0
+
+    def update(self, logits, labels):
+        """Add a batch: ``logits`` float (N, K), ``labels`` int (N,)."""
+        logits = np.asarray(logits, np.float64)
+        labels = np.asarray(labels).astype(np.int64)
+        if self.images is not None:
+            listed = [label for _, label in self.images[self.seen:self.seen + len(labels)]]
+            if listed != labels.tolist():
+                raise RuntimeError(f"images {self.seen}.. of the eval pipeline are not in the "
+                                   f"order of the folder listing: cannot name them")
+        predicted = logits.argmax(axis=1)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probability = (shifted / shifted.sum(axis=1, keepdims=True))[np.arange(len(labels)),
+                                                                        predicted]
+        np.add.at(self.confusion, (labels, predicted), 1)
+        for i in np.flatnonzero(predicted != labels):
+            self.mistakes.append((float(probability[i]), self.seen + int(i), int(labels[i]),
+                                  int(predicted[i])))
+        self.seen += len(labels)
+
+    def summary(self):
+        """The report as JSON-ready data.
+
+        Returns:
+            dict: ``per_class`` (one dict per class: ``class``, ``name``, ``images``,
+            ``accuracy``, ``precision``, ``recall``, ``f1``), ``confusion_matrix`` (K lists of
+            K ints, row = true class) and ``misclassified`` (``image``: the file path, or the
+            index in evaluation order; ``true``, ``true_name``, ``predicted``,
+            ``predicted_name``, ``probability`` of the prediction), most confident first.
+        """
+        correct = np.diag(self.confusion).astype(np.float64)
+        images = self.confusion.sum(axis=1)
+        predicted = self.confusion.sum(axis=0)
+        recall = np.divide(correct, images, out=np.zeros_like(correct), where=images > 0)
+        precision = np.divide(correct, predicted, out=np.zeros_like(correct),
+                              where=predicted > 0)
+        both = precision + recall
+        f1 = np.divide(2 * precision * recall, both, out=np.zeros_like(correct), where=both > 0)
+        per_class = [{"class": k, "name": self.names[k], "images": int(images[k]),
+                      "accuracy": float(recall[k]), "precision": float(precision[k]),
+                      "recall": float(recall[k]), "f1": float(f1[k])}
+                     for k in range(self.class_num)]
+        mistakes = sorted(self.mistakes, key=lambda m: (-m[0], m[1]))
+        misclassified = [{"image": self.images[index][0] if self.images else index,
+                          "true": true, "true_name": self.names[true], "predicted": pred,
+                          "predicted_name": self.names[pred], "probability": round(prob, 6)}
+                         for prob, index, true, pred in mistakes]
+        return {"per_class": per_class, "confusion_matrix": self.confusion.tolist(),
+                "misclassified": misclassified}
+
+
+def top_confusions(confusion, names, top=TOP_CONFUSIONS):
+    """The ``top`` largest off-diagonal cells as ``"true -> predicted: count"`` lines."""
+    off = np.array(confusion, np.int64)
+    np.fill_diagonal(off, 0)
+    order = np.argsort(-off, axis=None, kind="stable")[:top]
+    cells = [np.unravel_index(i, off.shape) for i in order]
+    return [f"{names[t]} -> {names[p]}: {off[t, p]}" for t, p in cells if off[t, p] > 0]
+
+
+def plot_confusion(confusion, names, path):
+    """Write the confusion matrix as a PNG (matplotlib), atomically: rows true classes,
+    columns predicted, cells coloured by the share of the row; up to ``FULL_PLOT_CLASSES``
+    classes every row and column is named and each cell shows its count; beyond, the picture
+    has no labels and the ``TOP_CONFUSIONS`` largest confusions are listed beside it.
+
+    Raises:
+        UserError: If matplotlib is not installed (requirements-dev.txt).
+        WriteError: If the file cannot be written.
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise UserError("plot true needs matplotlib: pip install matplotlib (in "
+                        "requirements-dev.txt)") from err
+    matrix = np.array(confusion, np.float64)
+    rows = matrix.sum(axis=1, keepdims=True)
+    share = np.divide(matrix, rows, out=np.zeros_like(matrix), where=rows > 0)
+    k = len(names)
+    full = k <= FULL_PLOT_CLASSES
+    side = max(6.0, 0.3 * k + 3) if full else 10.0
+    fig, ax = plt.subplots(figsize=(side + (0 if full else 6), side))
+    ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    if full:
+        ax.set_xticks(range(k), names, rotation=90)
+        ax.set_yticks(range(k), names)
+        for t in range(k):
+            for p in range(k):
+                if matrix[t, p]:
+                    ax.text(p, t, int(matrix[t, p]), ha="center", va="center", fontsize=7,
+                            color="white" if share[t, p] > 0.5 else "black")
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        fig.text(0.62, 0.5, "most frequent confusions\n(true -> predicted: images)\n\n"
+                 + "\n".join(top_confusions(matrix.astype(np.int64), names)),
+                 va="center", fontsize=9, family="monospace")
+    ax.set_title(f"confusion matrix, {int(matrix.sum())} images, {k} classes")
+    fig.tight_layout()
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".confusion.", suffix=".png",
+                                         delete=False) as f:
+            tmp = f.name
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, path)
+    except OSError as err:
+        if tmp and os.path.exists(tmp):
+            os.remove(tmp)
+        raise WriteError(f"cannot write {path}: {err.strerror or err}") from err
+    finally:
+        plt.close(fig)
