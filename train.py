@@ -3,17 +3,21 @@
     python train.py --data_path /data/imagenet/train                  # ResNet-50, config.yaml
     python train.py --config_path configs/resnet18_cifar10.yaml --data_path DIR --epoch_size 5
 
-Reads top to bottom: config -> signals -> device -> dataset -> network -> LR -> Model (loss,
-optimizer, TrainStep, EMA) -> resume -> output folder -> callbacks -> model.train per epoch.
-Outputs in --output_dir: checkpoints, metrics.jsonl (one JSON line per epoch), config.yaml
-(the resolved config), class_names.txt, train.log. A fresh run refuses a folder holding
-another run's files (--resume_ckpt auto continues it; --overwrite true moves them aside).
-Each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt
-sees the same data as an uninterrupted one. SIGINT/SIGTERM save and stop; a second Ctrl-C
-exits at once.
+Reads top to bottom: config -> signals -> device -> output folder lock -> dataset -> network
+-> LR -> Model (loss, optimizer, TrainStep, EMA) -> resume -> output folder -> callbacks ->
+training. Outputs in --output_dir: checkpoints, metrics.jsonl (one JSON line per epoch),
+config.yaml (the resolved config), class_names.txt, train.log. One run per folder: a second
+run into a folder in use fails at once, a fresh run refuses a folder holding another run's
+files (--resume_ckpt auto continues it; --overwrite true moves them aside). Step by step (CPU)
+each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt
+sees the same data as an uninterrupted one; in dataset sink mode (GPU/Ascend) one pipeline
+serves the whole run and one Model.train call compiles the graph once. SIGINT/SIGTERM save
+and stop (in data parallel every rank after the same step); a second Ctrl-C exits at once.
 Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, or more than
-max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint could
-not be written (disk full, permission), 128 + signal number when stopped by SIGINT/SIGTERM.
+max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint, record,
+log or config file could not be written (disk full, permission), 128 + signal number when
+stopped by SIGINT/SIGTERM (in data parallel on every rank, also those stopped with the
+signalled one).
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
