@@ -258,7 +258,8 @@ def main(argv=None):
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(report)
     with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"},
+        json.dump({"args": {k: v for k, v in vars(args).items()
+                            if k not in ("worker", "output_dir")},  # no machine paths
                    "environment": env, "cases": {n: list(c) for n, c in table.items()},
                    "runs": runs, "summary": results}, f, indent=1)
     print(report)
