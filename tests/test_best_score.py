@@ -92,12 +92,12 @@ def test_a_step_save_on_an_epoch_s_last_step_waits_for_the_epoch_s_record(tmp_pa
 
 
 def test_a_record_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch):
-    import src.training.callbacks as callbacks
+    import src.utils.files as files
 
     def full_disk(path, text):
         raise WriteError(f"cannot write {path}: No space left on device")
 
-    monkeypatch.setattr(callbacks, "atomic_write_text", full_disk)
+    monkeypatch.setattr(files, "atomic_write_text", full_disk)
     state = StepState()
     monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 100,
                            str(tmp_path / "metrics.jsonl"), LOG)

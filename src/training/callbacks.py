@@ -10,7 +10,6 @@ import collections
 import json
 import logging
 import math
-import os
 import time
 
 import numpy as np
@@ -20,7 +19,7 @@ from src.utils.checkpoint import (
     OVERFLOW_COUNTER,
 )
 from src.utils.errors import WriteError
-from src.utils.files import atomic_write_text
+from src.utils.files import append_line
 from src.utils.logger import log_file_error
 
 LOGGER = logging.getLogger(__name__)
@@ -287,20 +286,6 @@ class TrainMonitor(Callback):
         self.error = self.error or log_file_error(self.logger)
         if self.error:
             run_context.request_stop()
-
-def append_line(path, line):
-    """Append ``line`` to the text file ``path`` atomically (the file is small: one line per
-    epoch): it holds its earlier lines and either all of ``line`` or none of it.
-
-    Raises:
-        WriteError: If the file cannot be written (names it).
-    """
-    earlier = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            earlier = f.read()
-    atomic_write_text(path, earlier + line + "\n")
-
 
 def _hms(seconds):
     seconds = int(seconds)

@@ -1,4 +1,5 @@
-"""Output files written whole or not at all, and output folders checked before any work."""
+"""Output files written whole or not at all (appends included), and output folders checked
+before any work."""
 import os
 import tempfile
 
@@ -50,3 +51,17 @@ def atomic_write_text(path, text):
         if tmp and os.path.exists(tmp):
             os.remove(tmp)
         raise WriteError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+def append_line(path, line):
+    """Append ``line`` to the text file ``path`` atomically (the file is small: one line per
+    epoch): it holds its earlier lines and either all of ``line`` or none of it.
+
+    Raises:
+        WriteError: If the file cannot be written (names it).
+    """
+    earlier = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            earlier = f.read()
+    atomic_write_text(path, earlier + line + "\n")
