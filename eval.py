@@ -4,12 +4,18 @@
     python eval.py --config_path configs/resnet18_cifar10.yaml --checkpoint_path CKPT \
         --data_path ../shared/data/cifar10/test
     python eval.py --checkpoint_path resnet50.onnx --batch_size 32 --data_path /data/imagenet/val
+    python eval.py --checkpoint_path CKPT --runtime onnxruntime --data_path /data/imagenet/val
+    python eval.py --checkpoint_path OUT/resnet50-best.ckpt --data_path FOLDER \
+        --split_file OUT/val_split.txt    # the part train.py --val_split held out
 
 --checkpoint_path takes a .ckpt (MindSpore, graph mode), a .mindir (nn.GraphCell) or an .onnx
 file (ONNX Runtime, the fastest on CPU); an exported model takes the --batch_size it was
-exported with. Prints the result and writes it as JSON (``eval_result.json`` in --output_dir).
-Every image is evaluated once: no shuffling, the last partial batch is kept; the image count
-reported is that of the labels evaluated. The JSON also holds the per-class report: accuracy,
+exported with, or any with ``export.py --dynamic_batch true``. ``--runtime onnxruntime`` runs a
+.ckpt in ONNX Runtime on CPU (exported to a temporary ONNX file with BatchNorms folded, removed
+at once; same top-1/top-5); the summary names the runtime (``"runtime"``). Prints the result
+and writes it as JSON (``eval_result.json`` in --output_dir). Every image is evaluated once:
+no shuffling, the last partial batch is kept; the image count reported is that of the labels
+evaluated. The JSON also holds the per-class report: accuracy,
 precision, recall and F1 per class, the confusion matrix, and the misclassified images (file
 path, or index for the CIFAR-10 binary format; true and predicted class, probability), most
 confident mistakes first; ``--plot true`` draws the confusion matrix
@@ -32,7 +38,8 @@ import mindspore.nn as nn
 from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, create_dataset, image_folder_files
-from src.deploy.inference import load_predictor
+from src.data.split import read_split_file
+from src.deploy.inference import check_runtime, load_predictor, model_runtime
 from src.deploy.report import ClassReport, plot_confusion
 from src.models.resnet import create_network
 from src.training.loss import CrossEntropySmooth
@@ -94,15 +101,18 @@ def benchmark_inference(cfg):
     no files. Returns 0."""
     if cfg.checkpoint_path:
         predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
-                                 cfg.batch_size, cfg.use_ema, cfg.device_target)
+                                 cfg.batch_size, cfg.use_ema, cfg.device_target,
+                                 cfg.stem_pool_pad_mode, cfg.runtime)
     else:
-        net = create_network(cfg.net_name, cfg.class_num, device_target=cfg.device_target)
+        net = create_network(cfg.net_name, cfg.class_num, device_target=cfg.device_target,
+                             stem_pool_pad_mode=cfg.stem_pool_pad_mode)
         net.set_train(False)
         predict = lambda x: net(ms.Tensor(x)).asnumpy()  # noqa: E731
     images, _ = synthetic_batch(cfg.batch_size, cfg.eval_image_size, cfg.class_num)
     warmup, timed = time_calls(lambda: predict(images), cfg.benchmark_steps)
     record, line = throughput_report("eval", cfg.batch_size, 1, warmup, timed)
-    model = cfg.checkpoint_path or f"{cfg.net_name} (random weights)"
+    model = (f"{cfg.checkpoint_path} ({model_runtime(cfg.checkpoint_path, cfg.runtime)})"
+             if cfg.checkpoint_path else f"{cfg.net_name} (random weights)")
     print(f"{line}; model {model}")
     print(json.dumps(dict(record, checkpoint_path=cfg.checkpoint_path)))
     return 0
@@ -128,6 +138,8 @@ def main(argv=None):
         setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return benchmark_inference(cfg)
     check_data_classes(cfg)
+    indices = split_indices(cfg)  # None: every image of data_path
+    check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before the slow work
     check_output_dir(cfg.output_dir)  # before the evaluation, not after it
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
@@ -135,20 +147,25 @@ def main(argv=None):
                              batch_size=cfg.batch_size, image_size=cfg.eval_image_size,
                              eval_resize=cfg.eval_resize,
                              num_parallel_workers=cfg.num_parallel_workers,
-                             check_images=cfg.check_images)
-    total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset)
+                             check_images=cfg.check_images, indices=indices)
+    total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices)
     predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
-                             cfg.use_ema, cfg.device_target)
+                             cfg.use_ema, cfg.device_target, cfg.stem_pool_pad_mode,
+                             cfg.runtime)
 
-    report = class_report(cfg)
+    report = class_report(cfg, indices)
     start = time.time()
     with readable_pipeline_errors(), Progress(total, "eval") as progress:
         result = evaluate(predict, dataset, cfg, progress, report)
     seconds = time.time() - start
-    summary = {"checkpoint_path": cfg.checkpoint_path, "data_path": cfg.data_path,
+    summary = {"checkpoint_path": cfg.checkpoint_path,
+               "runtime": model_runtime(cfg.checkpoint_path, cfg.runtime),
+               "data_path": cfg.data_path,
               "net_name": cfg.net_name, "images": result["images"],
               "top1": result["top1"], "top5": result["top5"],
               "loss": result["loss"], "time_s": round(seconds, 2)}
+    if cfg.split_file:
+        summary["split_file"] = cfg.split_file  # the images evaluated: those it lists
     print(json.dumps(summary, indent=1))
     details = report.summary()
     worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
@@ -165,12 +182,31 @@ def main(argv=None):
     return 0
 
 
-def class_report(cfg):
+def split_indices(cfg):
+    """``--split_file``: the positions of the images it lists in data_path's reader order
+    (``src.data.split.read_split_file``), None without one (every image).
+
+    Raises:
+        ConfigError: With dataset cifar10, or a file listing no image, paths twice or paths
+            that are not in data_path.
+        MissingFileError: If the file does not exist.
+    """
+    if not cfg.split_file:
+        return None
+    if cfg.dataset != "imagefolder":
+        raise ConfigError(f"split_file {cfg.split_file} needs dataset imagefolder, got "
+                          f"{cfg.dataset}")
+    return read_split_file(cfg.split_file, cfg.data_path)
+
+
+def class_report(cfg, indices=None):
     """An empty ``ClassReport`` of the eval data: class names from the class folders (the
-    CIFAR-10 names for the binary format), images named by path (by index for CIFAR-10)."""
+    CIFAR-10 names for the binary format), images named by path (by index for CIFAR-10);
+    with ``indices`` (``split_indices``) those images only."""
     if cfg.dataset == "imagefolder":
+        files = image_folder_files(cfg.data_path)
         return ClassReport(cfg.class_num, class_names_of(cfg.data_path),
-                           image_folder_files(cfg.data_path))
+                           files if indices is None else [files[i] for i in indices])
     return ClassReport(cfg.class_num, CIFAR10_CLASSES)
 
 

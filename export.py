@@ -3,15 +3,16 @@
     python export.py --checkpoint_path CKPT --file_format MINDIR --file_name resnet50 --batch_size 1
 
 The exported graph takes float32 (batch_size, 3, eval_image_size, eval_image_size) images
-preprocessed as in eval (resize, center crop, ImageNet normalization) and returns
-(batch_size, class_num) logits. A checkpoint's weight EMA is exported when it has one
-(``use_ema``). MINDIR and ONNX export on any backend; AIR needs Ascend and is deprecated in
-MindSpore 2.10 (kept while it works on Ascend; MINDIR is the path forward). ONNX and AIR graphs
-get the zero-padding stem max pool (same output). The ONNX graph's input is
-named ``image`` and its output ``logits``. The file is written under a temporary name in its
-folder, loaded back (ONNX checker and ONNX Runtime; MindIR by MindSpore) and only then renamed
-over ``file_name``: a failed export (disk full, unwritable folder) exits with status 4 naming
-the cause and leaves an earlier file of that name as it was. With ``fold_bn`` (default) every
+preprocessed as in eval (resize, center crop, ImageNet normalization) and returns (batch_size,
+class_num) logits. A checkpoint's weight EMA is exported when it has one (``use_ema``). MINDIR
+and ONNX export on any backend; AIR needs Ascend and is deprecated in MindSpore 2.10 (kept
+while it works on Ascend; MINDIR is the path forward). With ``stem_pool_pad_mode pad``
+(torchvision's), ONNX and AIR graphs get the zero-padding stem max pool (same output); with
+``same`` (MindCV's) the pool is exported as it is. The ONNX graph's input is named ``image``
+and its output ``logits``. The file is written under a temporary name in its folder, loaded
+back (ONNX checker and ONNX Runtime; MindIR by MindSpore) and only then renamed over
+``file_name``: a failed export (disk full, unwritable folder) exits with status 4 naming the
+cause and leaves an earlier file of that name as it was. With ``fold_bn`` (default) every
 BatchNorm is folded into the convolution before it (``src/models/bn_fold.py``): same logits to
 float32 rounding, fewer operations to run.
 
@@ -22,6 +23,17 @@ preprocessed as in eval); the ``.onnx`` file still takes float32 images and retu
 
     python export.py --checkpoint_path CKPT --file_format ONNX --quantize int8 \
         --calibration_data_path /data/imagenet/train --file_name resnet50_int8 --batch_size 1
+
+With ``--dynamic_batch true`` (ONNX, int8 ONNX and MINDIR; ``src/deploy/exporting.py``) the
+batch dimension is symbolic in the input and the output: ONNX ``(batch, 3, H, W) -> (batch,
+class_num)`` (MindSpore 2.10 declares the output with the traced batch: that declared dimension
+is rewritten with the onnx library before the file is checked), MindIR ``(-1, 3, H, W) -> (-1,
+class_num)`` (with the zero-padding stem max pool: with the padded one MindSpore 2.10's
+``nn.GraphCell`` fails at the second batch size it is given). eval.py and predict.py then run
+the file at any ``--batch_size``; the check before the rename also requires both declared
+batches symbolic::
+
+    python export.py --checkpoint_path CKPT --file_format ONNX --dynamic_batch true --file_name m
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -36,10 +48,15 @@ import mindspore as ms
 import numpy as np
 
 from src.data.image_check import set_max_image_pixels
+from src.deploy.exporting import (
+    DYNAMIC_BATCH_FORMATS,
+    SUFFIXES,
+    declared_batch_dims,
+    export_model,
+)
 from src.deploy.inference import load_mindir, load_network, load_onnx
 from src.deploy.quantize import check_quantize_config, export_int8, select_calibration_images
 from src.models.bn_fold import fold_batchnorm
-from src.models.resnet import use_exportable_max_pool
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
@@ -47,59 +64,38 @@ from src.utils.errors import WriteError
 from src.utils.files import check_output_dir
 from src.utils.logger import get_logger
 
-SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
-
 SECTIONS = ("network", "data", "device", "model file", "export")
 """The config.yaml sections this entry point reads (its --help lists them)."""
-
-# Formats whose graph gets the zero-padding stem max pool (``MaxPoolPad1``). ONNX: the exporter
-# rejects MaxPool3DWithArgmax. AIR: the graph runs on Ascend, where MaxPool3DWithArgmax is only
-# an AI CPU operator (a custom one of MindSpore's, CustMaxPool3DWithArgmax); Pad and MaxPool
-# have AI Core kernels. MINDIR keeps the network as built.
-EXPORTABLE_POOL_FORMATS = ("ONNX", "AIR")
 
 AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in a future "
             "version); it is kept while it works on Ascend, MINDIR is the path forward")
 """Printed (stderr) whenever file_format AIR is chosen; MindSpore itself logs a warning."""
 
 
-def export_model(net, dummy, file_name, file_format):
-    """Write ``net`` traced on ``dummy``. ONNX goes through ``mindspore.onnx.export`` (the
-    successor of ``export(file_format='ONNX')``) with the graph's input named ``image`` and its
-    output ``logits``. For ONNX and AIR (``EXPORTABLE_POOL_FORMATS``) ``net`` first gets the
-    zero-padding stem max pool (in place, same output:
-    ``src.models.resnet.use_exportable_max_pool``)."""
-    if file_format in EXPORTABLE_POOL_FORMATS:
-        use_exportable_max_pool(net)
-    if file_format == "ONNX":
-        ms.onnx.export(net, dummy, file_name=file_name, input_names=["image"],
-                       output_names=["logits"])
-    else:
-        ms.export(net, dummy, file_name=file_name, file_format=file_format)
-
-
 def export_int8_onnx(net, dummy, cfg, calibration, out_path):
     """Export ``net`` as float32 ONNX into a temporary folder beside ``out_path``, then
     quantize it to ``out_path`` (``src.deploy.quantize.export_int8``), calibrated on the image
-    paths ``calibration``."""
+    paths ``calibration``; with ``cfg.dynamic_batch`` both declare a symbolic batch."""
     with tempfile.TemporaryDirectory(prefix=".export.",
                                      dir=os.path.dirname(os.path.abspath(out_path))) as tmp:
         fp32 = os.path.join(tmp, "fp32")
-        export_model(net, dummy, fp32, "ONNX")
-        check_exported(fp32 + ".onnx", "ONNX")
+        export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
+        check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
                     cfg.eval_image_size, cfg.eval_resize)
 
 
-def check_exported(path, file_format):
+def check_exported(path, file_format, dynamic_batch=False):
     """Load an exported file back, as eval.py and predict.py would: ONNX through the ONNX
     checker and an ONNX Runtime session, MindIR through ``mindspore.load``; AIR, which only
-    Ascend's tools read, must exist and not be empty.
+    Ascend's tools read, must exist and not be empty. With ``dynamic_batch`` the file must
+    declare a symbolic batch in its input and its output
+    (``src.deploy.exporting.declared_batch_dims``).
 
     Raises:
         WriteError: Naming the file and why it is not a usable model (MindSpore's ONNX
             exporter logs a failed write, removes the file and returns normally; a failed
-            MindIR write leaves a file cut short).
+            MindIR write leaves a file cut short), or which declared batch is fixed.
     """
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         raise WriteError(f"export wrote no {file_format} file (disk full, or the folder not "
@@ -111,9 +107,14 @@ def check_exported(path, file_format):
             load_onnx(path)
         elif file_format == "MINDIR":
             load_mindir(path)
+        declared = declared_batch_dims(path) if dynamic_batch else (None, None)
     except Exception as err:  # onnx's, ONNX Runtime's and MindSpore's own error types
         raise WriteError(f"the exported {file_format} file does not load back: "
                          f"{str(err).splitlines()[0]}") from err
+    fixed = [f"{side} {dim}" for side, dim in zip(("input", "output"), declared) if dim]
+    if fixed:
+        raise WriteError(f"the exported {file_format} file declares a fixed batch "
+                         f"({', '.join(fixed)}) although dynamic_batch is true")
 
 
 def export_checked(net, dummy, cfg, calibration):
@@ -135,10 +136,10 @@ def export_checked(net, dummy, cfg, calibration):
             if calibration:
                 export_int8_onnx(net, dummy, cfg, calibration, partial + ".onnx")
             else:
-                export_model(net, dummy, partial, cfg.file_format)
+                export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
         except OSError as err:
             raise WriteError(f"cannot export {final}: {err}") from err
-        check_exported(partial + SUFFIXES[cfg.file_format], cfg.file_format)
+        check_exported(partial + SUFFIXES[cfg.file_format], cfg.file_format, cfg.dynamic_batch)
         try:
             os.replace(partial + SUFFIXES[cfg.file_format], final)
         except OSError as err:
@@ -156,21 +157,26 @@ def main(argv=None):
     if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
         raise ConfigError(f"file_format AIR needs device_target Ascend (got "
                           f"{cfg.device_target}); use MINDIR or ONNX here")
+    if cfg.dynamic_batch and cfg.file_format not in DYNAMIC_BATCH_FORMATS:
+        raise ConfigError(f"dynamic_batch true needs file_format ONNX or MINDIR (got "
+                          f"{cfg.file_format}): pass --dynamic_batch false for AIR")
     check_quantize_config(cfg)
     check_output_dir(os.path.dirname(os.path.abspath(cfg.file_name)), "file_name's folder")
     calibration = (select_calibration_images(cfg.calibration_data_path, cfg.calibration_images)
                    if cfg.quantize == "int8" else None)
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
-    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, cfg.use_ema)
+    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, cfg.use_ema,
+                       None, cfg.stem_pool_pad_mode)  # device_target None: pool as built
     folded = fold_batchnorm(net) if cfg.fold_bn else 0
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
     final = export_checked(net, dummy, cfg, calibration)
     int8 = (f"int8 (static QDQ) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")
+    batch = "batch" if cfg.dynamic_batch else cfg.batch_size  # the symbolic dimension's name
     print(f"exported {cfg.checkpoint_path} -> {final} "
-          f"({int8}input float32 {tuple(dummy.shape)}, output ({cfg.batch_size}, {cfg.class_num})"
+          f"({int8}input float32 ({batch}, 3, {size}, {size}), output ({batch}, {cfg.class_num})"
           f"{f'; {folded} BatchNorms folded into their convolutions' if folded else ''})")
     return 0
 

@@ -3,14 +3,18 @@
     python predict.py --checkpoint_path output/resnet50-90_5004.ckpt --image_path photo.jpg
     python predict.py --checkpoint_path resnet50.mindir --image_path folder/ --batch_size 1
     python predict.py --checkpoint_path resnet50.onnx --image_path folder/ --batch_size 1
+    python predict.py --checkpoint_path CKPT --runtime onnxruntime --image_path folder/
 
 Images are preprocessed as in eval (resize eval_resize, center crop eval_image_size, ImageNet
 normalization). Class names: --class_names_path, else class_names.txt next to the checkpoint
 (written by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000.
-A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size.
-ONNX files run in ONNX Runtime (in requirements.txt; the fastest on CPU). A folder is read
---batch_size images at a time (memory does not grow with it); the result lines go to stdout
-as each batch is done, progress to stderr (a bar on a terminal, lines otherwise).
+A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size (any
+--batch_size if exported with ``export.py --dynamic_batch true``). ONNX files run in ONNX
+Runtime (in requirements.txt; the fastest on CPU); ``--runtime onnxruntime`` runs a .ckpt there
+too (exported to a temporary ONNX file, BatchNorms folded; CPU only). A header line on stderr
+names the model and its runtime. A folder is read --batch_size images at a time (memory does
+not grow with it); the result lines go to stdout as each batch is done, progress to stderr (a
+bar on a terminal, lines otherwise).
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -25,7 +29,15 @@ import numpy as np
 
 from src.data.class_names import default_class_names_path, read_class_names
 from src.data.image_check import set_max_image_pixels
-from src.deploy.inference import chunks, list_images, load_predictor, preprocess_images, softmax
+from src.deploy.inference import (
+    check_runtime,
+    chunks,
+    list_images,
+    load_predictor,
+    model_runtime,
+    preprocess_images,
+    softmax,
+)
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
@@ -106,11 +118,16 @@ def main(argv=None):
     for key in ("batch_size", "top_k"):
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
+    check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     paths = list_images(cfg.image_path)
+    print(f"predict: {len(paths)} image{'s' if len(paths) > 1 else ''}, model "
+          f"{cfg.checkpoint_path}, runtime {model_runtime(cfg.checkpoint_path, cfg.runtime)}",
+          file=sys.stderr)  # the header line; stdout holds only the JSON lines
     predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
-                             cfg.use_ema, cfg.device_target)
+                             cfg.use_ema, cfg.device_target, cfg.stem_pool_pad_mode,
+                             cfg.runtime)
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,

@@ -36,9 +36,18 @@ from src.data.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, create_dataset
+from src.data.split import (
+    split_image_folder,
+)
 from src.models.resnet import create_network
 from src.training.callbacks import StepState, StopAtStep, TrainMonitor, loss_value
 from src.training.evaluator import BestCheckpointEvaluator, eval_shard
+from src.training.finetune import (
+    check_split_and_balance,
+    fine_tuning_model,
+    record_training_images,
+    set_trainable,
+)
 from src.training.lr_schedule import LR_KEYS, create_lr
 from src.training.model import build_model, eval_model
 from src.training.output_dir import OutputDirLock, prepare_output_dir, trim_records
@@ -56,12 +65,12 @@ from src.training.signals import StopSignals
 from src.utils.checkpoint import load_into_network, own_checkpoints, remove_stale_partials
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.device import all_gather_int, apply_fusion_config, init_distributed, setup_device
+from src.utils.device import all_gather_int, init_distributed, setup_device
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
 
-SECTIONS = ("network", "data", "training data", "optimization", "device",
+SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning", "device",
             "precision, distribution", "outputs", "performance", "training checkpoints")
 EXIT_NONFINITE, EXIT_SAVE_FAILED = 3, 4
 
@@ -70,16 +79,23 @@ def check_train_config(cfg):
     """Reject training values that cannot work, naming the key (ranges: ``check_values``)."""
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the training data folder")
-    if cfg.run_eval and not cfg.eval_data_path:
-        raise ConfigError("run_eval is true but eval_data_path is empty")
+    if cfg.run_eval and not (cfg.eval_data_path or cfg.val_split):
+        raise ConfigError("run_eval is true but eval_data_path is empty (and val_split is 0: "
+                          "no part of data_path is held out)")
+    check_split_and_balance(cfg)
     parse_profile_steps(cfg.profile_steps)
+    if cfg.linear_probe_epochs >= cfg.epoch_size:
+        raise ConfigError(f"linear_probe_epochs {cfg.linear_probe_epochs} leaves no epoch to "
+                          f"fine-tune in epoch_size {cfg.epoch_size}: use fewer, or "
+                          f"trainable_layers 0 for a linear probe alone")
     side = last_feature_map_side(cfg.train_image_size)
-    if cfg.batch_size * side * side < 2:
+    batch_statistics = not cfg.freeze_bn and cfg.trainable_layers >= 1
+    if batch_statistics and cfg.batch_size * side * side < 2:
         raise ConfigError(f"batch_size {cfg.batch_size} at train_image_size "
                           f"{cfg.train_image_size}: the last stage's feature map is {side}x{side}"
                           f", so its BatchNorm layers would see one value per channel (variance "
                           f"undefined, the running statistics become NaN); use batch_size 2 or "
-                          f"more, or a train_image_size above 32")
+                          f"more, a train_image_size above 32, or freeze_bn true")
 
 
 def last_feature_map_side(image_size):
@@ -196,7 +212,8 @@ def build_evaluator(cfg, model, net, ema, shard, amp_level, write=True):
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
             create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
-                           device_target=cfg.device_target), amp_level)
+                           device_target=cfg.device_target,
+                           stem_pool_pad_mode=cfg.stem_pool_pad_mode), amp_level)
         ema_model = eval_model(cfg, ema_net, amp_level)
     return BestCheckpointEvaluator(model, shard, os.path.join(
         cfg.output_dir, f"{cfg.net_name}-best.ckpt"), net, ema, ema_model, cfg.best_on_ema,
@@ -231,9 +248,13 @@ def main(argv=None):
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     # on GPU/Ascend, steps whose scaled gradients overflow are skipped and counted
     model, ema = build_model(cfg, net, lr, amp_level)
+    switch = cfg.linear_probe_epochs * data.steps_per_epoch  # LP-FT: fc alone until then
 
     # ---- resume (the same recipe, step of the data and of the LR), then the output folder ----
     run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log)
+    if switch and run.start_step >= switch:
+        model = fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log,
+                                  run.resume_path if run.start_step > switch else "")
     log = prepare_run_folder(cfg, run, data.class_names, rank, log)
     log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
                     amp_level, ema, log)
@@ -247,10 +268,9 @@ def main(argv=None):
     # ---- train: step by step (each epoch its own pipeline) or in sink calls (one pipeline) ----
     try:
         with readable_pipeline_errors():
-            if sink_size:
-                train_sunk(cfg, model, data, cbs, run.start_step, sink_size, stop)
-            else:
-                train_step_by_step(cfg, model, data, cbs, run.start_step, stop)
+            train_run(cfg, model, data, cbs, run.start_step, sink_size, stop, switch,
+                      lambda: fine_tuning_model(cfg, model, lr, switch, amp_level, ema,
+                                                device_num, log))
     finally:
         stop.restore()
         if cbs.profiler:
@@ -282,17 +302,26 @@ def lock_output_dir(cfg, rank, log):
 
 def build_data(cfg, rank, device_num):
     """The training data as the run sees it: pipeline arguments (``data_args`` for eval,
-    ``train_args`` for training), data-parallel ``shards``, optimizer steps per epoch and the
-    class names (label order).
+    ``train_args`` for training, ``eval_args`` for run_eval), data-parallel ``shards``,
+    optimizer steps per epoch and the class names (label order). With ``val_split`` the
+    training pipeline reads the training part of data_path and ``eval_args`` the held-out
+    part (``split_image_folder``); ``class_balance sampler`` draws class-balanced.
 
     Raises:
-        ConfigError: If an epoch has no full batch, the class count is not ``class_num``, or
-            the eval folder's classes differ from the training folder's.
+        ConfigError: If an epoch has no full batch, the class count is not ``class_num``,
+            the eval folder's classes differ from the training folder's, or ``val_split``
+            leaves a class without a training or validation image.
     """
     data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size,
                      image_size=cfg.eval_image_size, eval_resize=cfg.eval_resize,
                      num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
     train_args = train_data_args(cfg, data_args)
+    eval_args = data_args
+    if cfg.val_split:
+        split = split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
+        train_args["indices"], eval_args = split.train, dict(data_args, indices=split.val)
+    if cfg.class_balance == "sampler":
+        train_args["balance_classes"] = True
     shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
     train_set = create_dataset(cfg.data_path, is_training=True, **train_args, **shards)
     steps_per_epoch = train_set.get_dataset_size()
@@ -305,30 +334,66 @@ def build_data(cfg, rank, device_num):
     if len(class_names) != cfg.class_num:
         raise ConfigError(f"data_path {cfg.data_path} has {len(class_names)} classes but "
                           f"class_num is {cfg.class_num}")
-    if cfg.run_eval and cfg.dataset == "imagefolder" and class_names_of(
+    if cfg.run_eval and cfg.eval_data_path and cfg.dataset == "imagefolder" and class_names_of(
             cfg.eval_data_path) != class_names:
         raise ConfigError(f"eval_data_path {cfg.eval_data_path} has other class folders than "
                           f"data_path {cfg.data_path}: labels would not match")
-    return SimpleNamespace(data_args=data_args, train_args=train_args, shards=shards,
-                           steps_per_epoch=steps_per_epoch, class_names=class_names)
+    return SimpleNamespace(data_args=data_args, train_args=train_args, eval_args=eval_args,
+                           shards=shards, steps_per_epoch=steps_per_epoch,
+                           class_names=class_names)
 
 
 def build_network(cfg, device_num, log):
     """The configured ResNet, initialized from ``pre_trained`` if given (a classifier of
-    another class count is dropped and trained from scratch)."""
+    another class count is dropped and trained from scratch), with the stages that train
+    now (``trainable_layers``, only ``fc`` during LP-FT's linear probe) and ``freeze_bn``."""
     net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
-                         device_target=cfg.device_target)
-    if device_num > 1:
-        fusion = apply_fusion_config(cfg.all_reduce_fusion_config, len(net.trainable_params()),
-                                     cfg.net_name)
-        log.info("gradient all-reduce fused in groups split at %s of %d trainable tensors",
-                 fusion, len(net.trainable_params()))
+                         device_target=cfg.device_target,
+                         stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     if cfg.pre_trained:
         dropped, _ = load_into_network(net, cfg.pre_trained, drop_mismatched_classifier=True)
         log.info("initialized from %s%s", cfg.pre_trained,
                  f"; classifier {dropped} dropped (class count differs), fc trained from "
                  f"scratch" if dropped else "")
+    if cfg.linear_probe_epochs:
+        log.info("linear_probe_epochs %d: only fc trains in the first %d epochs, every "
+                 "BatchNorm frozen (LP-FT)", cfg.linear_probe_epochs, cfg.linear_probe_epochs)
+        set_trainable(cfg, net, 0, True, device_num, log)
+    else:
+        set_trainable(cfg, net, cfg.trainable_layers, cfg.freeze_bn, device_num, log)
     return net
+
+
+def stopped(cbs, stop):
+    """Whether training must not go on: a signal, a non-finite loss or too many overflowed
+    steps, or a checkpoint or record not written."""
+    return stop.received or cbs.state.must_stop or cbs.saver.error or cbs.monitor.error
+
+
+def train_run(cfg, model, data, cbs, start_step, sink_size, stop, switch=0, fine_tune=None,
+              **kwargs):
+    """Train from ``start_step`` to the end of ``epoch_size`` epochs, or until a stop, step by
+    step (``train_step_by_step``) or in sink calls (``train_sunk``; ``kwargs`` go to it). With
+    LP-FT (``switch`` > ``start_step``): the linear probe up to step ``switch``, then, unless
+    stopped before, the model ``fine_tune()`` returns from there (a second ``Model.train``
+    call, on a pipeline of its own in sink mode)."""
+    if switch and start_step < switch:
+        train_until(cfg, model, data, cbs, start_step, switch, sink_size, stop, **kwargs)
+        if stopped(cbs, stop) or cbs.state.global_step < switch:
+            return
+        model, start_step = fine_tune(), switch
+    train_until(cfg, model, data, cbs, start_step, cfg.epoch_size * data.steps_per_epoch,
+                sink_size, stop, **kwargs)
+
+
+def train_until(cfg, model, data, cbs, start_step, end_step, sink_size, stop, **kwargs):
+    """Train from ``start_step`` to ``end_step`` (an epoch boundary), step by step or in sink
+    calls."""
+    if sink_size:
+        train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, end_step=end_step,
+                   **kwargs)
+    else:
+        train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=end_step)
 
 
 def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log):
@@ -363,12 +428,14 @@ def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log
 def prepare_run_folder(cfg, run, class_names, rank, log):
     """One run per folder (rank 0 only: the other ranks write no files and may share the
     folder, locked by ``lock_output_dir``): refuse or move aside another run's files, remove
-    temporary files of saves that did not finish, then write the resolved config and the
-    class names. Returns the logger, now also writing ``train.log`` on rank 0.
+    temporary files of saves that did not finish, then write the resolved config, the
+    class names and the ``val_split`` lists (``record_training_images``). Returns the logger,
+    now also writing ``train.log`` on rank 0.
 
     Raises:
         OutputDirError: If the folder holds another run's files.
-        WriteError: If the config or class names cannot be written.
+        WriteError: If the config, class names or split lists cannot be written.
+        ConfigError: If a resumed run's split differs from its earlier one.
     """
     is_main = rank == 0
     moved = None
@@ -390,6 +457,7 @@ def prepare_run_folder(cfg, run, class_names, rank, log):
     if is_main:
         atomic_write_text(os.path.join(cfg.output_dir, "config.yaml"), cfg.to_yaml())
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
+    record_training_images(cfg, run, class_names, is_main, log)
     return log
 
 
@@ -425,7 +493,7 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
     steps_per_epoch = data.steps_per_epoch
     evaluator = None
     if cfg.run_eval:
-        shard = eval_shard(cfg.eval_data_path, data.data_args, **data.shards)
+        shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
         evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level, is_main)
         evaluator.restore(run.best)  # the checkpoint's best, not metrics.jsonl's
     state = StepState(run.start_step, cfg.max_overflow_fraction)
@@ -445,16 +513,18 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
                            all=[state, stop, monitor, saver] + ([profiler] if profiler else []))
 
 
-def train_step_by_step(cfg, model, data, cbs, start_step, stop):
-    """Train from ``start_step`` to the end of ``epoch_size`` epochs, or until a stop, one step
-    per call: each epoch its own pipeline (``epoch_dataset``), the batches a resumed run has
-    already trained skipped, so a resumed run sees the same augmented images in the same
-    order as an uninterrupted one. One ``Model.train`` call per epoch; the graph is compiled
-    once (step-by-step calls reuse it)."""
+def train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=None):
+    """Train from ``start_step`` to ``end_step`` (an epoch boundary; default: the end of
+    ``epoch_size`` epochs), or until a stop, one step per call: each epoch its own pipeline
+    (``epoch_dataset``), the batches a resumed run has already trained skipped, so a resumed
+    run sees the same augmented images in the same order as an uninterrupted one. One
+    ``Model.train`` call per epoch; the graph is compiled once (step-by-step calls reuse
+    it)."""
     steps_per_epoch = data.steps_per_epoch
+    end_epoch = cfg.epoch_size if end_step is None else end_step // steps_per_epoch
     cbs.state.steps_per_call = 1
-    for epoch in range(start_step // steps_per_epoch, cfg.epoch_size):
-        if stop.received or cbs.state.must_stop or cbs.saver.error or cbs.monitor.error:
+    for epoch in range(start_step // steps_per_epoch, end_epoch):
+        if stopped(cbs, stop):
             return
         skip = max(0, start_step - epoch * steps_per_epoch)
         dataset = epoch_dataset(cfg, epoch, skip, data.train_args, data.shards)
@@ -473,8 +543,10 @@ def run_dataset(cfg, data):
                           batch_transform=batch_mixer(cfg, seed))
 
 
-def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=run_dataset):
-    """Train from ``start_step`` to the end of ``epoch_size`` epochs, or until a stop, in
+def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=run_dataset,
+               end_step=None):
+    """Train from ``start_step`` to ``end_step`` (an epoch boundary; default: the end of
+    ``epoch_size`` epochs), or until a stop, in
     dataset sink mode (GPU/Ascend): one pipeline and one ``Model.train`` call for the run, so
     the sunk training graph is compiled once (``connect_network_with_dataset`` keeps one
     graph per dataset object: a new pipeline per epoch would compile the graph again).
@@ -487,10 +559,14 @@ def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset
     step up to the next boundary, on its own copy of the run pipeline: one more pipeline, one
     more ``Model.train`` call and the step-by-step graph compiled once more.
 
+    With LP-FT each phase is one such call on its own pipeline (started at the switch step
+    for the second), so the run compiles two training graphs.
+
     Args:
         build_dataset (callable): ``(cfg, data) -> Dataset`` of the whole run (``run_dataset``).
+        end_step (int, optional): Step after which to stop (a multiple of ``sink_size``).
     """
-    total = cfg.epoch_size * data.steps_per_epoch
+    total = cfg.epoch_size * data.steps_per_epoch if end_step is None else end_step
     head = -start_step % sink_size
     if head:
         dataset = build_dataset(cfg, data)
@@ -500,8 +576,7 @@ def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset
             cbs.state, start_step + head)], dataset_sink_mode=False,
                     initial_epoch=start_step // data.steps_per_epoch)
         start_step += head
-        if (stop.received or cbs.state.must_stop or cbs.saver.error or cbs.monitor.error
-                or cbs.state.global_step < start_step):
+        if stopped(cbs, stop) or cbs.state.global_step < start_step:
             return
     dataset = build_dataset(cfg, data)
     if start_step:

@@ -1,5 +1,6 @@
 """ResNet cells: shapes for every depth, parameter counts, names, stride placement, init, the
-stem max pool's two forms and which device target gets which."""
+stem max pool's forms (torchvision's padding 1, MindCV's pad_mode 'same') and which device
+target and export get which."""
 import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
@@ -14,6 +15,7 @@ from src.models.resnet import (
     MaxPoolPad1,
     batch_norm,
     create_network,
+    same_max_pool,
     use_device_max_pool,
     use_exportable_max_pool,
 )
@@ -155,8 +157,9 @@ def is_torch_form(pool):
 
 
 def test_stem_pool_form_per_device_target():
-    # a table, not an if-chain: every target MindSpore runs on has one entry
-    assert set(STEM_MAX_POOLS) == {"CPU", "GPU", "Ascend"}
+    # a table, not an if-chain: every pad mode and every target MindSpore runs on has one entry
+    assert set(STEM_MAX_POOLS) == {"pad", "same"}
+    assert all(set(forms) == {"CPU", "GPU", "Ascend"} for forms in STEM_MAX_POOLS.values())
     for target, form in (("CPU", is_torch_form), ("GPU", is_torch_form),
                          ("Ascend", lambda pool: isinstance(pool, MaxPoolPad1))):
         net = create_network("resnet18", 10)
@@ -199,3 +202,71 @@ def test_pool_forms_equal_after_relu_on_real_images():
 def test_unknown_name_lists_valid_names():
     with pytest.raises(KeyError, match="resnet18, resnet34, resnet50, resnet101, resnet152"):
         create_network("resnet51")
+
+
+def tf_same_max_pool(x):
+    """TensorFlow's 'same' 3x3 / stride-2 max pool in torch: the padding a side needs
+    (1 when even, 2 when odd), the extra one at the bottom/right, -inf padding."""
+    import torch
+    pad_h, pad_w = 1 + x.shape[2] % 2, 1 + x.shape[3] % 2
+    padded = torch.nn.functional.pad(torch.from_numpy(x), (pad_w // 2, pad_w - pad_w // 2,
+                                                           pad_h // 2, pad_h - pad_h // 2),
+                                     value=-float("inf"))
+    return torch.nn.functional.max_pool2d(padded, 3, 2).numpy()
+
+
+def is_same_form(pool):
+    """MindCV's stem pool: ``nn.MaxPool2d(3, 2, pad_mode='same')``."""
+    return (isinstance(pool, nn.MaxPool2d) and isinstance(pool.max_pool, ops.MaxPool)
+            and pool.max_pool.pad_mode == "SAME")
+
+
+def test_same_pool_is_tensorflow_same_and_differs_from_torch_on_even_sides():
+    """``stem_pool_pad_mode same`` (MindCV's pool): asymmetric on an even side (nothing at the
+    top/left, one at the bottom/right), as torch's padding 1 on an odd side; negative input
+    too (-inf padding)."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 10, 9)).astype(np.float32)  # even, odd
+    pool = create_network("resnet18", 10, stem_pool_pad_mode="same").maxpool
+    assert is_same_form(pool)
+    out = pool(ms.Tensor(x)).asnumpy()
+    np.testing.assert_array_equal(out, tf_same_max_pool(x))
+    torch_form = torch_max_pool(x)[0]
+    assert out.shape == torch_form.shape == (2, 3, 5, 5)
+    odd = np.ascontiguousarray(x[:, :, :9, :])  # 9 x 9: both forms pad one on each side
+    np.testing.assert_array_equal(pool(ms.Tensor(odd)).asnumpy(), torch_max_pool(odd)[0])
+    assert (out != torch_form).any()  # even height: the windows are shifted by one row
+
+
+def test_same_pool_kept_on_every_device_and_in_export(tmp_path):
+    """With ``same`` every device target and the ONNX/AIR export keep MindCV's pool (a plain
+    MaxPool, exported as MaxPool auto_pad SAME_UPPER): ONNX Runtime gives MindSpore's output,
+    on the stem's ReLU output of real images (even side 16)."""
+    import onnxruntime
+
+    for target in STEM_MAX_POOLS["same"]:
+        assert is_same_form(create_network("resnet18", 10, device_target=target,
+                                           stem_pool_pad_mode="same").maxpool), target
+        net = create_network("resnet18", 10, stem_pool_pad_mode="same")
+        assert is_same_form(use_device_max_pool(net, target).maxpool), target
+    net = create_network("resnet18", 10, stem_pool_pad_mode="same")
+    assert is_same_form(use_exportable_max_pool(net).maxpool)
+    assert isinstance(use_exportable_max_pool(create_network("resnet18", 10)).maxpool,
+                      MaxPoolPad1)  # pad: zero padding + 'valid', as before
+
+    images = ms.Tensor(preprocess_images(imagenet_images()[:2], 32, 32))
+    net.set_train(False)
+    stem = ops.ReLU()(net.bn1(net.conv1(images)))  # (2, 64, 16, 16), >= 0
+    want = net.maxpool(stem).asnumpy()
+    np.testing.assert_array_equal(want, same_max_pool()(stem).asnumpy())
+    np.testing.assert_array_equal(want, tf_same_max_pool(stem.asnumpy()))
+    ms.onnx.export(net.maxpool, stem, file_name=str(tmp_path / "pool"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "pool.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: stem.asnumpy()})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_unknown_stem_pool_pad_mode_lists_valid_ones():
+    with pytest.raises(ValueError, match="stem_pool_pad_mode must be one of pad, same, got "
+                                         "'valid'"):
+        create_network("resnet18", 10, stem_pool_pad_mode="valid")

@@ -16,7 +16,7 @@ from src.training.callbacks import StepState, StopAtStep, TrainMonitor
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.config import ConfigError, parse_config
-from train import build_data, resolve_sink_size, run_dataset, train_sunk
+from train import build_data, resolve_sink_size, run_dataset, train_run, train_sunk
 
 
 def test_sink_size_per_device_and_setting():
@@ -79,9 +79,9 @@ class FakeDataset:
         self.init_step = step
 
 
-def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4):
+def recording_run(start_step):
+    """Step state, callbacks and a dataset builder that records the pipelines it builds."""
     state = StepState(start_step)
-    model = RecordingModel(state, steps_per_epoch)
     built = []
 
     def build(cfg, data):
@@ -90,6 +90,12 @@ def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4):
 
     cbs = SimpleNamespace(state=state, saver=SimpleNamespace(error=None),
                           monitor=SimpleNamespace(error=None), all=[state])
+    return state, cbs, built, build
+
+
+def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4):
+    state, cbs, built, build = recording_run(start_step)
+    model = RecordingModel(state, steps_per_epoch)
     cfg = SimpleNamespace(epoch_size=epoch_size)
     data = SimpleNamespace(steps_per_epoch=steps_per_epoch)
     stop = StopSignals(logging.getLogger("test"))
@@ -120,6 +126,27 @@ def test_a_sink_mode_run_resumed_off_a_call_boundary_trains_the_head_step_by_ste
     assert not head["sink"] and head["init_step"] == 13 and head["initial_epoch"] == 1
     assert sunk["sink"] and sunk["init_step"] == 15 and sunk["initial_epoch"] == 3
     assert sunk["epoch"] == 8 and state.global_step == 40
+
+
+def lp_ft_run(start_step, switch=20, sink_size=10, steps_per_epoch=10, epoch_size=4):
+    state, cbs, built, build = recording_run(start_step)
+    probe, tuned = RecordingModel(state, steps_per_epoch), RecordingModel(state, steps_per_epoch)
+    train_run(SimpleNamespace(epoch_size=epoch_size), probe,
+              SimpleNamespace(steps_per_epoch=steps_per_epoch), cbs, start_step, sink_size,
+              StopSignals(logging.getLogger("test")), switch, lambda: tuned,
+              build_dataset=build)
+    return probe.calls, tuned.calls, built, state
+
+
+def test_lp_ft_in_sink_mode_is_one_call_per_phase_the_second_started_at_the_switch():
+    probe, tuned, built, state = lp_ft_run(start_step=0)
+    assert len(built) == 2 and len(probe) == 1 and len(tuned) == 1  # two compiled graphs
+    assert probe[0]["sink"] and probe[0]["epoch"] == 2 and probe[0]["init_step"] == 0
+    assert tuned[0]["sink"] and tuned[0]["init_step"] == 20 and tuned[0]["initial_epoch"] == 2
+    assert tuned[0]["epoch"] == 4 and state.global_step == 40
+    # resumed after the switch: main() passes the fine-tuning model; no second switch
+    given, switched, built, _ = lp_ft_run(start_step=30)
+    assert len(given) == 1 and not switched and given[0]["init_step"] == 30
 
 
 def test_the_run_pipeline_resumed_at_an_epoch_boundary_keeps_the_data_order(cifar_small):

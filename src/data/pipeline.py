@@ -34,6 +34,7 @@ from src.data.image_check import (
     check_image_folder,
     is_image_name,
 )
+from src.data.sampling import EpochSampler, balanced_sample_weights
 from src.data.transforms import create_transforms
 from src.utils.errors import MissingFileError
 
@@ -41,13 +42,15 @@ CIFAR10_TRAIN_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)]
 CIFAR10_TEST_FILES = ["test_batch.bin"]
 CIFAR10_RECORDS_PER_FILE = 10000
 CIFAR10_RECORD_BYTES = 1 + 32 * 32 * 3  # label byte + 3 colour planes
+_LISTINGS = {}  # class-folder root as given -> (folder_signature, image_folder_files)
 
 
 def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
                    image_size=224, eval_resize=256, crop_scale=(0.08, 1.0), num_parallel_workers=4,
                    num_shards=None, shard_id=None, drop_remainder=None, shuffle=None,
                    check_images=True, auto_augment="none", randaugment_num_ops=2,
-                   randaugment_magnitude=9, random_erasing=0.0, batch_transform=None):
+                   randaugment_magnitude=9, random_erasing=0.0, batch_transform=None,
+                   indices=None, balance_classes=False):
     """Build a batched classification dataset.
 
     The augmentation arguments (``auto_augment`` to ``batch_transform``) apply to training
@@ -85,6 +88,20 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
             one worker, batch by batch in order, so a callable seeding its own random state
             (e.g. from the batch number) stays deterministic. ``drop_remainder`` applies
             before it.
+        indices (array-like, optional): ``imagefolder`` only: read just these positions of
+            the folder's files in the reader's order (``image_folder_files``), e.g. one part
+            of a ``src.data.split`` split; training permutes them anew every epoch, eval reads
+            them in order. None: every image.
+        balance_classes (bool): Training, ``imagefolder`` only: each epoch draws as many
+            images as it holds (``indices``, or all), with replacement, each with probability
+            proportional to 1 / (images of its class among them): every class equally often
+            in expectation (``class_balance sampler``).
+
+    With ``indices`` or ``balance_classes`` the rows come from ``src.data.sampling.
+    EpochSampler``, seeded with the dataset seed (``mindspore.dataset.config.get_seed()``)
+    when the pipeline is built: pass ``e`` of the pipeline is a function of that seed and
+    ``e`` alone, sharded as ``DistributedSampler`` shards (``num_shards``, ``shard_id``).
+    Without them, MindSpore's own samplers, as before.
 
     Returns:
         mindspore.dataset.Dataset: columns ``image`` float32 (batch, 3, image_size,
@@ -93,8 +110,10 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
     Raises:
         MissingFileError: If ``data_path`` is not a folder, holds no class folders, or the
             CIFAR-10 files are missing.
-        ValueError: If ``dataset`` is unknown, ``batch_size`` is not positive, or an
-            augmentation argument is invalid (as ``create_transforms``).
+        ValueError: If ``dataset`` is unknown, ``batch_size`` is not positive, an
+            augmentation argument is invalid (as ``create_transforms``), or ``indices`` /
+            ``balance_classes`` are given for ``cifar10`` or ``indices`` is empty or outside
+            the folder's images.
         ImageFolderError: Naming empty class folders, corrupt, truncated or macOS metadata
             files, or a short CIFAR-10 file.
     """
@@ -110,9 +129,17 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
     shuffle = is_training if shuffle is None else shuffle
     num_parallel_workers = max(1, min(num_parallel_workers, os.cpu_count() or 1))
     drop_remainder = is_training if drop_remainder is None else drop_remainder
+    sampling = dict(shuffle=shuffle, num_shards=num_shards, shard_id=shard_id)
+    if indices is not None or (balance_classes and is_training):
+        if dataset != "imagefolder":
+            raise ValueError(f"indices and balance_classes need dataset imagefolder, got "
+                             f"{dataset!r}")
+        check_image_folder(data_path, check_content=check_images)
+        sampling = dict(sampler=folder_sampler(
+            data_path, indices, shuffle, balance_classes and is_training, num_shards, shard_id))
     source, decoded = DATASET_READERS[dataset](
-        data_path, is_training, check_images, shuffle=shuffle,
-        num_parallel_workers=num_parallel_workers, num_shards=num_shards, shard_id=shard_id)
+        data_path, is_training, check_images, num_parallel_workers=num_parallel_workers,
+        **sampling)
     image_ops = create_transforms(is_training, image_size, eval_resize, decoded, crop_scale,
                                   auto_augment, randaugment_num_ops, randaugment_magnitude,
                                   random_erasing)
@@ -146,14 +173,17 @@ class StackedBatchMap:
         return images, targets
 
 
-def count_images(data_path, is_training, dataset="imagefolder"):
-    """Number of images a (train or eval) split holds, without decoding any.
+def count_images(data_path, is_training, dataset="imagefolder", indices=None):
+    """Number of images a (train or eval) split holds, without decoding any: those of
+    ``indices`` if given (as ``create_dataset``).
 
     Raises:
         MissingFileError: As ``create_dataset``.
     """
     if not os.path.isdir(data_path):
         raise MissingFileError(f"data_path {data_path!r} is not a folder")
+    if indices is not None:
+        return len(indices)
     source, _ = DATASET_READERS[dataset](data_path, is_training, False, shuffle=False)
     return source.get_dataset_size()
 
@@ -187,13 +217,53 @@ DATASET_READERS = {"imagefolder": _image_folder, "cifar10": _cifar10_binary}
 def image_folder_files(data_path):
     """(path, label) of every image of a class-folder root in the order the eval pipeline
     reads them (``ImageFolderDataset`` without shuffling: class folders in label order, the
-    files of each sorted by name, image extensions as ``IMAGE_EXTENSIONS``)."""
-    files = []
-    for label, name in enumerate(class_names_of(data_path)):
-        folder = os.path.join(data_path, name)
-        files += [(os.path.join(folder, f), label) for f in sorted(os.listdir(folder))
-                  if is_image_name(f) and os.path.isfile(os.path.join(folder, f))]
-    return files
+    files of each sorted by name, image extensions as ``IMAGE_EXTENSIONS``).
+
+    Listed once per process while the folder is unchanged (``folder_signature``): a run
+    reads the listing for its split, class counts, loss weights and every epoch's sampler.
+
+    Returns:
+        list[tuple[str, int]]: A new list (the caller may change it).
+    """
+    key = data_path  # as given: the paths listed start with it
+    signature = folder_signature(data_path)
+    cached = _LISTINGS.get(key)
+    if cached is None or cached[0] != signature:
+        files = []
+        for label, name in enumerate(class_names_of(data_path)):
+            folder = os.path.join(data_path, name)
+            files += [(os.path.join(folder, f), label) for f in sorted(os.listdir(folder))
+                      if is_image_name(f) and os.path.isfile(os.path.join(folder, f))]
+        cached = _LISTINGS[key] = (signature, files)
+    return list(cached[1])
+
+
+def folder_signature(data_path):
+    """What changes when files of a class-folder root are added, removed or renamed: the
+    modification times of the root and of each class folder (nanoseconds)."""
+    return tuple((name, os.stat(os.path.join(data_path, name)).st_mtime_ns)
+                 for name in [""] + class_names_of(data_path))
+
+
+def folder_sampler(data_path, indices, shuffle, balance_classes, num_shards, shard_id):
+    """The ``EpochSampler`` of ``create_dataset`` over a class folder: ``indices`` (all
+    images if None), shuffled, or drawn class-balanced (weights ``balanced_sample_weights``
+    of their labels), seeded with the dataset seed now.
+
+    Raises:
+        ValueError: If ``indices`` is empty or names no image of the folder.
+    """
+    files = image_folder_files(data_path)
+    indices = np.arange(len(files)) if indices is None else np.asarray(indices, np.int64)
+    if not len(indices) or indices.min() < 0 or indices.max() >= len(files):
+        raise ValueError(f"indices must be a non-empty list of positions in [0, {len(files)}) "
+                         f"(the images of {data_path})")
+    weights = None
+    if balance_classes:
+        labels = np.array([label for _, label in files], np.int64)[indices]
+        weights = balanced_sample_weights(labels)
+    return EpochSampler(indices, seed=ds.config.get_seed(), shuffle=shuffle, weights=weights,
+                        num_shards=num_shards, shard_id=shard_id)
 
 
 def class_names_of(data_path):

@@ -1,17 +1,26 @@
 """Inference helpers shared by eval.py, export.py and predict.py: loading a .ckpt, .mindir or
-.onnx model as a function of numpy images, and reading images as the eval pipeline does."""
+.onnx model as a function of numpy images, and reading images as the eval pipeline does.
+
+A ``.ckpt`` runs in MindSpore (``runtime: mindspore``) or, with ``runtime: onnxruntime``, is
+exported on first use to a temporary dynamic-batch ONNX file (BatchNorms folded, the
+exportable stem max pool: ``src.deploy.exporting``) that ONNX Runtime loads (the folder is
+removed at once): the fast path on CPU (``_checkpoint_onnx_predictor``).
+"""
 import logging
 import os
+import tempfile
 
 import mindspore as ms
 import numpy as np
 
 from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError, scan_folder
 from src.data.transforms import create_transforms
+from src.deploy.exporting import SUFFIXES, export_model
+from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
 from src.utils.config import ConfigError
-from src.utils.errors import MissingFileError, UserError
+from src.utils.errors import MissingFileError, UserError, WriteError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -24,7 +33,8 @@ class ModelInputError(UserError, ValueError):
     """Images do not have the input shape an exported model was exported with."""
 
 
-def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_target=None):
+def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_target=None,
+                 stem_pool_pad_mode="pad"):
     """Build a network, load a checkpoint into it strictly and switch to inference mode.
 
     A log line says whether the checkpoint's weight EMA (``ema_decay`` runs) or its live
@@ -36,7 +46,10 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
         checkpoint_path (str): ``.ckpt`` file.
         use_ema (bool): Load the EMA weights when the checkpoint holds them.
         device_target (str, optional): Picks the stem max-pool form for that device
-            (``src.models.resnet.STEM_MAX_POOLS``); None: torch's form.
+            (``src.models.resnet.STEM_MAX_POOLS``); None: the built form (for ``pad``
+            torch's).
+        stem_pool_pad_mode (str): ``pad`` or ``same`` (MindCV's stem pool): the one the
+            checkpoint was trained with (MindCV's checkpoints: ``same``).
 
     Returns:
         nn.Cell: The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
@@ -48,7 +61,8 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
     """
     if not checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
-    net = create_network(net_name, class_num, device_target=device_target)
+    net = create_network(net_name, class_num, device_target=device_target,
+                         stem_pool_pad_mode=stem_pool_pad_mode)
     _, ema = load_into_network(net, checkpoint_path, use_ema=use_ema)
     LOGGER.info("%s: %s", checkpoint_path, "its EMA weights (use_ema true)" if ema else
                 "its network weights" + (" (it holds no EMA)" if use_ema else
@@ -234,7 +248,7 @@ def check_input_shape(shape, declared, kind, path):
     expected = tuple("any" if d is None else d for d in declared)
     raise ModelInputError(f"{kind} file {path} was exported for input shape {expected} but "
                           f"gets {tuple(shape)}: pass the --batch_size and --eval_image_size it "
-                          f"was exported with")
+                          f"was exported with (export.py --dynamic_batch true: any batch_size)")
 
 
 def is_shape_inference_error(err):
@@ -244,13 +258,16 @@ def is_shape_inference_error(err):
 
 
 def batched(forward, batch_size, kind, path, input_shape=None):
-    """``forward`` (numpy -> numpy) of an exported model that takes exactly ``batch_size``
-    images: any number of images, run in chunks of ``batch_size`` (the last zero-padded, the
-    padding dropped from the result).
+    """``forward`` (numpy -> numpy) of an exported model: any number of images, run in chunks
+    of ``batch_size``. A model that declares a fixed batch takes exactly ``batch_size``
+    images: the last chunk is zero-padded, the padding dropped from the result. A model that
+    declares a symbolic batch (``dynamic_batch`` exports) gets the last chunk as it is.
 
     Args:
-        forward (callable): float32 (batch_size, 3, H, W) -> logits (batch_size, K).
-        batch_size (int): The batch size the model was exported with.
+        forward (callable): float32 (batch_size, 3, H, W) -> logits (batch_size, K); with a
+            symbolic batch (n, 3, H, W) -> (n, K), any n.
+        batch_size (int): The batch size the model was exported with; with a symbolic
+            batch, the images per forward pass (at most).
         kind (str): ``MindIR`` or ``ONNX``, for messages.
         path (str): The model file, for messages.
         input_shape (tuple, optional): The input shape the model declares (None in a
@@ -264,15 +281,18 @@ def batched(forward, batch_size, kind, path, input_shape=None):
         ModelInputError: (from the returned function) If the images do not have the model's
             input shape. Any other failure of ``forward`` propagates unchanged.
     """
+    fixed_batch = input_shape is None or input_shape[0] is not None
+
     def run(images):
         outputs = []
         for chunk in chunks(images, batch_size):
-            pad = batch_size - len(chunk)
+            count = len(chunk)
+            pad = batch_size - count if fixed_batch else 0
             if pad:
                 chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
             check_input_shape(chunk.shape, input_shape, kind, path)
             try:
-                outputs.append(forward(chunk)[:batch_size - pad])
+                outputs.append(forward(chunk)[:count])
             except RuntimeError as err:
                 if input_shape is not None or not is_shape_inference_error(err):
                     raise
@@ -285,50 +305,152 @@ def batched(forward, batch_size, kind, path, input_shape=None):
 
 
 def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                          device_target):
-    net = load_network(net_name, class_num, checkpoint_path, use_ema, device_target)
+                          device_target, stem_pool_pad_mode):
+    net = load_network(net_name, class_num, checkpoint_path, use_ema, device_target,
+                       stem_pool_pad_mode)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
                                           for chunk in chunks(images, batch_size)])
 
 
 def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                      device_target):
-    del net_name, class_num, use_ema, device_target  # the graph holds them
+                      device_target, stem_pool_pad_mode):
+    del net_name, class_num, use_ema, device_target, stem_pool_pad_mode  # the graph holds them
     graph = load_mindir(checkpoint_path)
     return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), batch_size, "MindIR",
                    checkpoint_path, mindir_input_shape(checkpoint_path))
 
 
 def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                    device_target):
-    del net_name, class_num, use_ema, device_target  # the graph holds them
+                    device_target, stem_pool_pad_mode):
+    del net_name, class_num, use_ema, device_target, stem_pool_pad_mode  # the graph holds them
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
 
 
+def onnx_of_network(net, image_shape):
+    """``net`` in ONNX Runtime: exported with a symbolic batch (``export_model``, which also
+    gives it the exportable stem max pool) to a temporary folder that is removed once ONNX
+    Runtime has loaded the file, whatever happens.
+
+    Args:
+        net (nn.Cell): The network in inference mode (BatchNorms folded or not).
+        image_shape (tuple(int)): (3, H, W) of the images it will get.
+
+    Returns:
+        callable: float32 (n, 3, H, W) -> float32 logits (n, K), any n (``load_onnx``).
+
+    Raises:
+        WriteError: If no ONNX file could be written (a full disk: MindSpore's exporter only
+            logs the failure); names the temporary folder's parent.
+    """
+    with tempfile.TemporaryDirectory(prefix="resnet-onnx-") as folder:
+        path = os.path.join(folder, "model")
+        export_model(net, ms.Tensor(np.zeros((2, *image_shape), np.float32)), path, "ONNX",
+                     dynamic_batch=True)
+        path += SUFFIXES["ONNX"]
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            raise WriteError(f"runtime onnxruntime: could not write the temporary ONNX file in "
+                             f"{tempfile.gettempdir()} (disk full? MindSpore's log above may "
+                             f"say more)")
+        forward, _ = load_onnx(path)
+    return forward
+
+
+def _checkpoint_onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
+                               device_target, stem_pool_pad_mode):
+    """``runtime: onnxruntime``: the checkpoint's network with every BatchNorm folded
+    (``fold_batchnorm``), exported to ONNX at the first call for the images' (3, H, W)
+    (``onnx_of_network``) and run in ONNX Runtime, ``batch_size`` images per run, the last
+    run as short as it is (symbolic batch)."""
+    del device_target  # CPU (check_runtime); the graph gets the exportable stem pool
+    net = load_network(net_name, class_num, checkpoint_path, use_ema, None, stem_pool_pad_mode)
+    folded = fold_batchnorm(net)
+    sessions = {}
+
+    def run(images):
+        shape = tuple(images.shape[1:])
+        if shape not in sessions:
+            sessions[shape] = onnx_of_network(net, shape)
+            LOGGER.info("%s: runtime onnxruntime: exported to ONNX for input (batch, %s) with "
+                        "%d BatchNorms folded, running in ONNX Runtime", checkpoint_path,
+                        ", ".join(map(str, shape)), folded)
+        return np.concatenate([sessions[shape](chunk) for chunk in chunks(images, batch_size)])
+    return run
+
+
 PREDICTORS = {".ckpt": _checkpoint_predictor, ".mindir": _mindir_predictor,
               ".onnx": _onnx_predictor}
+"""The function that loads each kind of model file (``runtime: mindspore``; ONNX Runtime for
+an ``.onnx``)."""
+
+RUNTIMES = ("mindspore", "onnxruntime")
+"""Values of ``runtime``: what runs a ``.ckpt``."""
+
+
+def model_runtime(checkpoint_path, runtime="mindspore"):
+    """The runtime that runs a model file: ``onnxruntime`` for an ``.onnx``, ``mindspore``
+    for a ``.mindir``, ``runtime`` for a ``.ckpt`` (for the output of eval and predict).
+
+    Returns:
+        str: ``mindspore`` or ``onnxruntime``.
+    """
+    suffix = os.path.splitext(checkpoint_path)[1]
+    return {".onnx": "onnxruntime", ".mindir": "mindspore"}.get(suffix, runtime)
+
+
+def check_runtime(checkpoint_path, runtime, device_target=None):
+    """Check ``runtime`` against the model file and the device before any slow work.
+
+    Args:
+        checkpoint_path (str): The model file (``.ckpt``, ``.mindir``, ``.onnx``).
+        runtime (str): ``mindspore`` or ``onnxruntime`` (``RUNTIMES``).
+        device_target (str, optional): ``CPU``, ``GPU`` or ``Ascend``; None: not checked.
+
+    Raises:
+        ConfigError: If ``runtime`` is not in ``RUNTIMES``; if it is ``onnxruntime`` with a
+            ``device_target`` other than CPU (the onnxruntime package of requirements.txt is
+            ONNX Runtime's CPU build) or with a ``.mindir`` (MindSpore's own format). Names
+            the keys, their values and what to pass instead.
+    """
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime != "onnxruntime":
+        return
+    if device_target not in (None, "CPU"):
+        raise ConfigError(f"runtime onnxruntime runs on the CPU (the onnxruntime package of "
+                          f"requirements.txt is ONNX Runtime's CPU build) but device_target is "
+                          f"{device_target}: pass --device_target CPU, or --runtime mindspore")
+    if os.path.splitext(checkpoint_path)[1] == SUFFIXES["MINDIR"]:
+        raise ConfigError(f"runtime onnxruntime cannot run checkpoint_path {checkpoint_path!r}: "
+                          f"a .mindir runs in MindSpore only; pass --runtime mindspore, or the "
+                          f".ckpt (exported to ONNX on the fly) or an .onnx export")
 
 
 def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=True,
-                   device_target=None):
+                   device_target=None, stem_pool_pad_mode="pad", runtime="mindspore"):
     """A model file as a function: float32 numpy images (N, 3, image_size, image_size),
     preprocessed as in eval -> float32 numpy logits (N, class_num), any N.
 
     Args:
-        checkpoint_path (str): ``.ckpt`` (MindSpore), ``.mindir`` (``nn.GraphCell``) or
-            ``.onnx`` (ONNX Runtime).
+        checkpoint_path (str): ``.ckpt`` (MindSpore, or ONNX Runtime with ``runtime``),
+            ``.mindir`` (``nn.GraphCell``) or ``.onnx`` (ONNX Runtime).
         net_name (str): ``.ckpt`` only: the architecture.
         class_num (int): ``.ckpt`` only: the classifier outputs.
-        batch_size (int): ``.ckpt``: images per forward pass, at most. Exported models take
-            exactly the batch size they were exported with: give that one; any N is run in
-            such chunks.
+        batch_size (int): Images per forward pass, at most. An exported model with a fixed
+            batch takes exactly the batch size it was exported with: give that one; any N
+            is run in such chunks. One exported with ``dynamic_batch`` takes any.
         use_ema (bool): ``.ckpt`` only: its EMA weights when it holds them.
         device_target (str, optional): ``.ckpt`` only: the stem max-pool form
-            (``load_network``).
+            (``load_network``); with ``runtime`` onnxruntime it must be CPU or None.
+        stem_pool_pad_mode (str): ``.ckpt`` only: ``pad`` or ``same`` (``load_network``).
+        runtime (str): ``.ckpt`` only: ``mindspore``, or ``onnxruntime``: exported to a
+            temporary ONNX file at the first call (``_checkpoint_onnx_predictor``). An
+            ``.onnx`` runs in ONNX Runtime with either value; a ``.mindir`` needs
+            ``mindspore``.
 
     Raises:
-        ConfigError: If the suffix is none of these (names the file).
+        ConfigError: If the suffix is none of these (names the file), or ``runtime`` does
+            not fit the file or ``device_target`` (``check_runtime``).
         MissingFileError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
             ``load_onnx``.
     """
@@ -336,8 +458,11 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=Tru
     if suffix not in PREDICTORS:
         raise ConfigError(f"checkpoint_path {checkpoint_path!r}: expected a "
                           f"{', '.join(PREDICTORS)} file")
-    return PREDICTORS[suffix](checkpoint_path, net_name, class_num, batch_size, use_ema,
-                              device_target)
+    check_runtime(checkpoint_path, runtime, device_target)
+    load = (_checkpoint_onnx_predictor if suffix == ".ckpt" and runtime == "onnxruntime"
+            else PREDICTORS[suffix])
+    return load(checkpoint_path, net_name, class_num, batch_size, use_ema, device_target,
+                stem_pool_pad_mode)
 
 
 def softmax(logits):

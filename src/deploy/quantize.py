@@ -21,7 +21,9 @@ docs, performance/model-optimizations/quantization, and ``quantize_static``'s do
 
 The calibration images come from class folders (the training data), taken evenly over the
 classes in a fixed order, preprocessed exactly as in eval (``preprocess_images``) and fed in
-batches of the exported batch size (the graph's batch dimension is fixed). The result runs in
+batches of the export batch size (``batch_size``; the last one padded, which a fixed batch
+dimension needs). A dynamic-batch float32 graph (``dynamic_batch``) gives a dynamic-batch int8
+graph: the declared dimensions are kept. The result runs in
 ONNX Runtime like any other ``.onnx`` (``src.deploy.inference.load_onnx``): float32 images (N, 3, H,
 W) in, float32 logits (N, class_num) out.
 """
@@ -126,7 +128,7 @@ def pad_batch(images, batch_size):
 
     Args:
         images (numpy.ndarray): float32 (n, 3, H, W), 1 <= n <= batch_size.
-        batch_size (int): The model's fixed batch dimension.
+        batch_size (int): The batch size of the export (its fixed batch dimension, if fixed).
 
     Returns:
         numpy.ndarray: float32 (batch_size, 3, H, W).
@@ -254,7 +256,7 @@ def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize)
             image_size).
         out_path (str): The int8 model's file (``.onnx``); replaced if it exists.
         paths (list[str]): Calibration images (``select_calibration_images``).
-        batch_size (int): The model's fixed batch dimension.
+        batch_size (int): The batch size of the export (its fixed batch dimension, if fixed).
         image_size (int): ``eval_image_size``, pixels.
         eval_resize (int): Shorter side before the crop, pixels.
     """

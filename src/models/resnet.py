@@ -8,6 +8,11 @@ Parameter names follow torchvision so that weights map one to one: ``conv1``, ``
 ``layer1.0.conv1``, ``layer1.0.downsample.0``, ``fc``. MindSpore names the BatchNorm
 tensors ``gamma``/``beta``/``moving_mean``/``moving_variance`` where torch says
 ``weight``/``bias``/``running_mean``/``running_var``.
+
+MindCV's ResNets (``mindcv/models/resnet.py``) hold the same tensors in the same order under
+``classifier`` (our ``fc``) and ``down_sample`` (our ``downsample``); their stem max pool is
+``nn.MaxPool2d(3, 2, pad_mode="same")``: ``stem_pool_pad_mode="same"`` builds that form, so that
+their checkpoints give their logits here (``src.utils.checkpoint.SOURCE_LAYOUTS`` renames them).
 """
 import math
 
@@ -121,13 +126,14 @@ class Bottleneck(nn.Cell):
 def stem_max_pool():
     """The stem's 3x3 / stride-2 max pool with padding 1, ``torch.nn.MaxPool2d(3, 2, 1)``.
 
-    The form for CPU and GPU (``STEM_MAX_POOLS``). MindSpore lowers ``nn.MaxPool2d(
-    pad_mode='pad')`` to ``MaxPool3DWithArgmax`` on a 5-D view (padding with -inf, gradient
-    to the first maximum, as torch). On CPU it is the fast form in training: a ResNet-18
-    train step at 128 px, batch 64, took 11% less time with it than with ``MaxPoolPad1``,
-    whose 'valid' pooling runs oneDNN's plain NCHW kernel (``benchmarks/onednn_breakdown.py``).
-    GPU has a CUDA kernel for it (not measured here). On Ascend it is an AI CPU operator only
-    (see ``STEM_MAX_POOLS``), and the ONNX exporter rejects it.
+    ``stem_pool_pad_mode: pad``, the form for CPU and GPU (``STEM_MAX_POOLS``). MindSpore
+    lowers ``nn.MaxPool2d(pad_mode='pad')`` to ``MaxPool3DWithArgmax`` on a 5-D view (padding
+    with -inf, gradient to the first maximum, as torch). On CPU it is the fast form in
+    training: a ResNet-18 train step at 128 px, batch 64, took 11% less time with it than with
+    ``MaxPoolPad1``, whose 'valid' pooling runs oneDNN's plain NCHW kernel
+    (``benchmarks/onednn_breakdown.py``). GPU has a CUDA kernel for it (not measured here).
+    On Ascend it is an AI CPU operator only (see ``STEM_MAX_POOLS``), and the ONNX exporter
+    rejects it.
 
     Returns:
         nn.MaxPool2d: float (N, C, H, W) -> (N, C, (H + 1) // 2, (W + 1) // 2).
@@ -138,14 +144,14 @@ def stem_max_pool():
 class MaxPoolPad1(nn.Cell):
     """3x3 / stride-2 max pool with padding 1, written as zero padding + 'valid' pooling.
 
-    The form for Ascend (``STEM_MAX_POOLS``), ONNX and AIR export (``use_exportable_max_pool``):
-    ``Pad`` and ``MaxPool`` (``MaxPoolGrad`` backward) have AI Core kernels on Ascend and
-    export to ONNX. Equal to ``torch.nn.MaxPool2d(3, 2, padding=1)`` on non-negative input
-    (it follows a ReLU in ResNet). Gradients through that ReLU are equal too: the two forms
-    route a window's gradient differently only when the window's maximum is tied, and a tie
-    at 0 (padding included) meets the ReLU's zero gradient; ties between equal positive values
-    go to the first maximum in both forms on CPU (MindSpore does not document the rule of
-    Ascend's ``MaxPoolGrad``).
+    ``stem_pool_pad_mode: pad`` on Ascend (``STEM_MAX_POOLS``), in ONNX and AIR export
+    (``use_exportable_max_pool``): ``Pad`` and ``MaxPool`` (``MaxPoolGrad`` backward) have AI
+    Core kernels on Ascend and export to ONNX. Equal to ``torch.nn.MaxPool2d(3, 2, padding=1)``
+    on non-negative input (it follows a ReLU in ResNet). Gradients through that ReLU are equal
+    too: the two forms route a window's gradient differently only when the window's maximum
+    is tied, and a tie at 0 (padding included) meets the ReLU's zero gradient; ties between
+    equal positive values go to the first maximum in both forms on CPU (MindSpore does not
+    document the rule of Ascend's ``MaxPoolGrad``).
     """
 
     def __init__(self):
@@ -158,18 +164,49 @@ class MaxPoolPad1(nn.Cell):
         return self.pool(self.pad(x))
 
 
-# The stem pool form per device target: where each form has native kernels in MindSpore 2.10.
-# ``MaxPool3DWithArgmax`` (torch's form) is registered for Ascend only as an AI CPU operator
-# (ops/_op_impl/aicpu/max_pool3d_with_argmax.py; the graph adapter maps it to the custom AI CPU
-# op CustMaxPool3DWithArgmax, engine DNN_VM_AICPU), so on Ascend it would run on the host CPU
-# in every step, forward and backward (MaxPool3DGradWithArgmax likewise). GPU has CUDA kernels
-# for both; on CPU it is the faster form (``stem_max_pool``). Both forms hold no parameters:
-# checkpoints load into either.
+def same_max_pool():
+    """The stem's 3x3 / stride-2 max pool of MindCV's ResNets: ``nn.MaxPool2d(kernel_size=3,
+    stride=2, pad_mode="same")`` (``mindcv/models/resnet.py``), ``stem_pool_pad_mode: same``.
+
+    TensorFlow's "same" padding: the output has ceil(H / 2) rows and the padding a window
+    needs is split with the extra row at the end. For an even side (the stem's 112 at 224 px,
+    any image side that is a multiple of 4) that is no padding at the top/left and one
+    row/column at the bottom/right, where torch's form pads one on each side: the windows are
+    shifted by one pixel, so a network trained with one form gives other logits with the
+    other. For an odd side both forms pad one on each side. It lowers to the ``MaxPool``
+    operator of ``MaxPoolPad1`` (``MaxPoolGrad`` backward; only its pad_mode attribute
+    differs), so it runs natively where that one does (Ascend's AI Core included: not run
+    here), and exports to ONNX as ``MaxPool(auto_pad="SAME_UPPER")``, equal in ONNX Runtime:
+    the one form serves every device and export format.
+
+    Returns:
+        nn.MaxPool2d: float (N, C, H, W) -> (N, C, ceil(H / 2), ceil(W / 2)).
+    """
+    return nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="same")
+
+
+STEM_POOL_PAD_MODES = ("pad", "same")
+"""Values of ``stem_pool_pad_mode`` (MindSpore's ``pad_mode`` terms): ``pad`` = torchvision's
+``MaxPool2d(3, 2, padding=1)``; ``same`` = MindCV's ``MaxPool2d(3, 2, pad_mode="same")``."""
+
+# The form a network is built with (``create_network`` without ``device_target``).
+BUILT_MAX_POOLS = {"pad": stem_max_pool, "same": same_max_pool}
+
+# The stem pool form per stem_pool_pad_mode and device target: where each form has native
+# kernels in MindSpore 2.10. ``pad``: ``MaxPool3DWithArgmax`` (torch's form) is registered for
+# Ascend only as an AI CPU operator (ops/_op_impl/aicpu/max_pool3d_with_argmax.py; the graph
+# adapter maps it to the custom AI CPU op CustMaxPool3DWithArgmax, engine DNN_VM_AICPU), so on
+# Ascend it would run on the host CPU in every step, forward and backward
+# (MaxPool3DGradWithArgmax likewise). GPU has CUDA kernels for both; on CPU it is the faster
+# form (``stem_max_pool``). ``same``: a plain ``MaxPool`` everywhere (``same_max_pool``). No
+# form holds parameters: checkpoints load into any.
 STEM_MAX_POOLS = {
-    "CPU": stem_max_pool,
-    "GPU": stem_max_pool,
-    "Ascend": MaxPoolPad1,
+    "pad": {"CPU": stem_max_pool, "GPU": stem_max_pool, "Ascend": MaxPoolPad1},
+    "same": {"CPU": same_max_pool, "GPU": same_max_pool, "Ascend": same_max_pool},
 }
+
+# The form ONNX and AIR exports get (``use_exportable_max_pool``), equal after the ReLU.
+EXPORTABLE_MAX_POOLS = {"pad": MaxPoolPad1, "same": same_max_pool}
 
 
 class ResNet(nn.Cell):
@@ -183,6 +220,9 @@ class ResNet(nn.Cell):
         layers (list[int]): Number of blocks in ``layer1`` .. ``layer4``.
         class_num (int): Number of output classes. Default: 1000.
         zero_init_residual (bool): Zero the last BN gamma of every block (Goyal et al. 2017).
+        stem_pool_pad_mode (str): ``pad`` (torchvision's stem max pool, padding 1) or
+            ``same`` (MindCV's, ``same_max_pool``); kept as the attribute of that name, which
+            ``use_device_max_pool`` and ``use_exportable_max_pool`` follow. Default: ``pad``.
 
     Inputs:
         - **x** (Tensor) - float32, shape (N, 3, H, W), normalized images. H and W of at
@@ -192,15 +232,21 @@ class ResNet(nn.Cell):
         Tensor of shape (N, class_num): logits (no softmax).
 
     Raises:
-        ValueError: If ``class_num`` is not positive or ``layers`` does not have 4 entries.
+        ValueError: If ``class_num`` is not positive, ``layers`` does not have 4 entries or
+            ``stem_pool_pad_mode`` is not one of ``STEM_POOL_PAD_MODES``.
     """
 
-    def __init__(self, block, layers, class_num=1000, zero_init_residual=False):
+    def __init__(self, block, layers, class_num=1000, zero_init_residual=False,
+                 stem_pool_pad_mode="pad"):
         super().__init__()
         if class_num < 1:
             raise ValueError(f"class_num must be a positive integer, got {class_num}")
         if len(layers) != 4:
             raise ValueError(f"layers must give 4 block counts, got {layers}")
+        if stem_pool_pad_mode not in STEM_POOL_PAD_MODES:
+            raise ValueError(f"stem_pool_pad_mode must be one of {', '.join(STEM_POOL_PAD_MODES)}, "
+                             f"got {stem_pool_pad_mode!r}")
+        self.stem_pool_pad_mode = stem_pool_pad_mode
         self.in_channels = 64
         self.zero_init_residual = zero_init_residual
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, pad_mode="pad", padding=3,
@@ -208,7 +254,7 @@ class ResNet(nn.Cell):
                                weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
         self.bn1 = batch_norm(64)
         self.relu = nn.ReLU()
-        self.maxpool = stem_max_pool()
+        self.maxpool = BUILT_MAX_POOLS[stem_pool_pad_mode]()
         self.layer1 = self._make_layer(block, 64, layers[0])
         self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
         self.layer3 = self._make_layer(block, 256, layers[2], stride=2)
@@ -239,7 +285,8 @@ class ResNet(nn.Cell):
 
 
 def use_exportable_max_pool(net):
-    """Give ``net``'s stem the exportable max pool (``MaxPoolPad1``), in place.
+    """Give ``net``'s stem the exportable max pool of its ``stem_pool_pad_mode``, in place:
+    ``pad``: ``MaxPoolPad1``; ``same``: ``same_max_pool`` (already exportable, kept as is).
 
     The output is unchanged: the pool follows a ReLU, so zero padding equals torch's -inf
     padding. ``export.export_model`` calls it before every ONNX and AIR export.
@@ -250,12 +297,13 @@ def use_exportable_max_pool(net):
     Returns:
         ResNet: ``net``.
     """
-    net.maxpool = MaxPoolPad1()
+    net.maxpool = EXPORTABLE_MAX_POOLS[net.stem_pool_pad_mode]()
     return net
 
 
 def use_device_max_pool(net, device_target):
-    """Give ``net``'s stem the max pool form of ``device_target`` (``STEM_MAX_POOLS``), in place.
+    """Give ``net``'s stem the max pool form of its ``stem_pool_pad_mode`` on
+    ``device_target`` (``STEM_MAX_POOLS``), in place.
 
     Call it before ``auto_mixed_precision`` and before compiling (``create_network`` does when
     given ``device_target``). The output after the stem's ReLU is the same in either form.
@@ -270,36 +318,42 @@ def use_device_max_pool(net, device_target):
     Raises:
         ValueError: If ``device_target`` is not a key of ``STEM_MAX_POOLS`` (lists them).
     """
-    if device_target not in STEM_MAX_POOLS:
+    forms = STEM_MAX_POOLS[net.stem_pool_pad_mode]
+    if device_target not in forms:
         raise ValueError(f"no stem max pool for device_target {device_target!r}; valid: "
-                         f"{', '.join(STEM_MAX_POOLS)}")
-    net.maxpool = STEM_MAX_POOLS[device_target]()
+                         f"{', '.join(forms)}")
+    net.maxpool = forms[device_target]()
     return net
 
 
-def resnet18(class_num=1000, zero_init_residual=False):
+def resnet18(class_num=1000, zero_init_residual=False, stem_pool_pad_mode="pad"):
     """ResNet-18: BasicBlock, [2, 2, 2, 2]; 11,689,512 parameters at 1000 classes."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], class_num, zero_init_residual)
+    return ResNet(BasicBlock, [2, 2, 2, 2], class_num, zero_init_residual,
+                  stem_pool_pad_mode)
 
 
-def resnet34(class_num=1000, zero_init_residual=False):
+def resnet34(class_num=1000, zero_init_residual=False, stem_pool_pad_mode="pad"):
     """ResNet-34: BasicBlock, [3, 4, 6, 3]; 21,797,672 parameters at 1000 classes."""
-    return ResNet(BasicBlock, [3, 4, 6, 3], class_num, zero_init_residual)
+    return ResNet(BasicBlock, [3, 4, 6, 3], class_num, zero_init_residual,
+                  stem_pool_pad_mode)
 
 
-def resnet50(class_num=1000, zero_init_residual=False):
+def resnet50(class_num=1000, zero_init_residual=False, stem_pool_pad_mode="pad"):
     """ResNet-50 v1.5: Bottleneck, [3, 4, 6, 3]; 25,557,032 parameters at 1000 classes."""
-    return ResNet(Bottleneck, [3, 4, 6, 3], class_num, zero_init_residual)
+    return ResNet(Bottleneck, [3, 4, 6, 3], class_num, zero_init_residual,
+                  stem_pool_pad_mode)
 
 
-def resnet101(class_num=1000, zero_init_residual=False):
+def resnet101(class_num=1000, zero_init_residual=False, stem_pool_pad_mode="pad"):
     """ResNet-101 v1.5: Bottleneck, [3, 4, 23, 3]; 44,549,160 parameters at 1000 classes."""
-    return ResNet(Bottleneck, [3, 4, 23, 3], class_num, zero_init_residual)
+    return ResNet(Bottleneck, [3, 4, 23, 3], class_num, zero_init_residual,
+                  stem_pool_pad_mode)
 
 
-def resnet152(class_num=1000, zero_init_residual=False):
+def resnet152(class_num=1000, zero_init_residual=False, stem_pool_pad_mode="pad"):
     """ResNet-152 v1.5: Bottleneck, [3, 8, 36, 3]; 60,192,808 parameters at 1000 classes."""
-    return ResNet(Bottleneck, [3, 8, 36, 3], class_num, zero_init_residual)
+    return ResNet(Bottleneck, [3, 8, 36, 3], class_num, zero_init_residual,
+                  stem_pool_pad_mode)
 
 
 NETWORKS = {
@@ -311,7 +365,8 @@ NETWORKS = {
 }
 
 
-def create_network(net_name, class_num=1000, zero_init_residual=False, device_target=None):
+def create_network(net_name, class_num=1000, zero_init_residual=False, device_target=None,
+                   stem_pool_pad_mode="pad"):
     """Build a ResNet by name.
 
     Args:
@@ -319,17 +374,21 @@ def create_network(net_name, class_num=1000, zero_init_residual=False, device_ta
         class_num (int): Number of output classes.
         zero_init_residual (bool): Zero the last BN gamma of every residual block.
         device_target (str, optional): ``CPU``, ``GPU`` or ``Ascend``: the stem max pool form
-            that runs natively there (``use_device_max_pool``). None: torch's form
-            (``stem_max_pool``), the CPU and GPU form.
+            that runs natively there (``use_device_max_pool``). None: the built form
+            (``BUILT_MAX_POOLS``; for ``pad`` torch's, the CPU and GPU form).
+        stem_pool_pad_mode (str): ``pad`` (torchvision's stem max pool) or ``same`` (MindCV's:
+            for MindCV checkpoints and networks fine-tuned from them). Default: ``pad``.
 
     Returns:
         ResNet: the network (``set_train(False)`` for inference; ``Model`` sets the mode).
 
     Raises:
         KeyError: If ``net_name`` is not a known network; the message lists the valid names.
-        ValueError: If ``device_target`` is not None, CPU, GPU or Ascend.
+        ValueError: If ``device_target`` is not None, CPU, GPU or Ascend, or
+            ``stem_pool_pad_mode`` is not pad or same.
     """
     if net_name not in NETWORKS:
         raise KeyError(f"unknown net_name {net_name!r}; valid names: {', '.join(NETWORKS)}")
-    net = NETWORKS[net_name](class_num=class_num, zero_init_residual=zero_init_residual)
+    net = NETWORKS[net_name](class_num=class_num, zero_init_residual=zero_init_residual,
+                             stem_pool_pad_mode=stem_pool_pad_mode)
     return net if device_target is None else use_device_max_pool(net, device_target)

@@ -79,7 +79,8 @@ def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
     dataset = create_dataset(data_path, is_training=False, num_shards=num_shards,
                              shard_id=shard_id, **data_args)
     total = count_images(data_path, is_training=False,
-                         dataset=data_args.get("dataset", "imagefolder"))
+                         dataset=data_args.get("dataset", "imagefolder"),
+                         indices=data_args.get("indices"))
     images, rows = shard_rows(total, num_shards, shard_id)
     batches = math.ceil(rows / data_args["batch_size"])
     if dataset.get_dataset_size() != batches:

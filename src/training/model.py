@@ -7,7 +7,7 @@ import mindspore as ms
 import mindspore.nn as nn
 from mindspore.train import Model
 
-from src.training.loss import CrossEntropySmooth, create_loss
+from src.training.loss import CrossEntropySmooth, create_loss, loss_class_weights
 from src.training.optimizer import create_optimizer
 from src.training.precision import loss_scale_setup
 from src.training.train_step import TrainStep, WeightEma
@@ -33,22 +33,49 @@ def build_model(cfg, net, lr, amp_level):
         tuple: (``Model`` whose ``train_network`` is the ``TrainStep`` and whose eval network
         gives (loss, logits, label) with top-1/top-5 metrics; the ``WeightEma`` or None).
     """
-    metrics = classification_metrics(cfg.class_num)
     net = ms.amp.auto_mixed_precision(net, amp_level)
+    ema = WeightEma(net, cfg.ema_decay, cfg.ema_warmup) if cfg.ema_decay else None
+    return with_train_step(cfg, net, build_train_step(cfg, net, lr, amp_level, ema),
+                           amp_level), ema
+
+
+def with_train_step(cfg, net, train_step, amp_level):
+    """A ``Model`` training with ``train_step`` and evaluating ``net`` (already cast by
+    ``auto_mixed_precision``): the eval cell gives (loss, logits, label), with top-1/top-5."""
+    return Model(train_step, eval_network=eval_network(cfg, net, amp_level),
+                 metrics=classification_metrics(cfg.class_num), eval_indexes=[0, 1, 2])
+
+
+def build_train_step(cfg, net, lr, amp_level, ema=None):
+    """The ``TrainStep`` of ``net`` (already cast by ``auto_mixed_precision``) under ``cfg``:
+    loss, loss scaling, an optimizer over the parameters that train now
+    (``net.trainable_params()``, with ``layer_decay`` and ``head_lr_scale``), accumulation,
+    clipping and ``ema``. A second call on the same network (LP-FT's switch) gives a new
+    cell with a fresh optimizer over the parameters trainable then.
+
+    Args:
+        cfg (Config): The resolved config.
+        net (nn.Cell): The cast network.
+        lr (numpy.ndarray or float): LR per step of this cell's optimizer (its step 0 first).
+        amp_level (str): The resolved AMP level.
+        ema (WeightEma, optional): Updated after every optimizer step.
+
+    Returns:
+        TrainStep: The training cell.
+    """
     scale_sense, check_overflow, _ = loss_scale_setup(
         amp_level, cfg.device_target, cfg.loss_scale, cfg.loss_scale_type, cfg.scale_factor,
         cfg.scale_window)
     optimizer = create_optimizer(net, lr, optimizer=cfg.optimizer, momentum=cfg.momentum,
                                  weight_decay=cfg.weight_decay, beta1=cfg.beta1,
-                                 beta2=cfg.beta2, eps=cfg.eps)
+                                 beta2=cfg.beta2, eps=cfg.eps, layer_decay=cfg.layer_decay,
+                                 head_lr_scale=cfg.head_lr_scale)
     loss_fn = create_loss(cfg.loss, cfg.label_smoothing, cfg.class_num,
                           bce_target_threshold=cfg.bce_target_threshold,
-                          soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha))
-    ema = WeightEma(net, cfg.ema_decay, cfg.ema_warmup) if cfg.ema_decay else None
-    train_step = TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense,
-                           check_overflow, cfg.grad_clip_norm, cfg.grad_accumulation_steps, ema)
-    return Model(train_step, eval_network=eval_network(cfg, net, amp_level), metrics=metrics,
-                 eval_indexes=[0, 1, 2]), ema
+                          soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),
+                          class_weights=loss_class_weights(cfg))
+    return TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense, check_overflow,
+                     cfg.grad_clip_norm, cfg.grad_accumulation_steps, ema)
 
 
 def eval_network(cfg, net, amp_level):

@@ -1,4 +1,5 @@
-"""Optimizers over two parameter groups (no weight decay on BatchNorm and biases).
+"""Optimizers over parameter groups: no weight decay on BatchNorm and biases, optional
+layer-wise LR decay (timm's ``layer_decay``) and classifier LR multiple.
 
 ``create_optimizer`` builds one of the optimizers in ``OPTIMIZERS``: SGD with momentum
 (``nn.Momentum``, the default and the recipes' optimizer), AdamW (``AdamW`` below, equal to
@@ -11,6 +12,7 @@ corrections ``1 - beta^t`` are computed on the host in float64 (``bias_correctio
 gathered per step inside the graph as float32, as the LR array is.
 """
 import math
+import re
 
 import mindspore as ms
 import mindspore.nn as nn
@@ -36,6 +38,93 @@ def split_weight_decay(params):
     decay = [p for p in params if not p.name.endswith(no_decay_suffixes)]
     no_decay = [p for p in params if p.name.endswith(no_decay_suffixes)]
     return decay, no_decay
+
+
+def layer_ids(names):
+    """Layer of each parameter for layer-wise LR decay, grouped as timm groups a ResNet
+    (``timm.models.resnet.ResNet.group_matcher(coarse=False)`` used by
+    ``timm.optim.param_groups_layer_decay``): the stem (``conv1``, ``bn1``) is layer 0, each
+    residual block (``layer1.0``, ``layer1.1``, ..., ``layer4.*``) the next layer in network
+    order, everything else (``fc``) the last layer.
+
+    Args:
+        names (list[str]): Every parameter name of the network (frozen ones included: the
+            depth counts all layers, as timm's ``layer_map`` does).
+
+    Returns:
+        tuple(dict, int): parameter name -> layer id, and the number of layers.
+    """
+    blocks = []
+    for name in names:
+        match = re.match(r"layer(\d+)\.(\d+)\.", name)
+        if match and match.group(0) not in blocks:
+            blocks.append(match.group(0))
+    head = len(blocks) + 1
+    ids = {}
+    for name in names:
+        match = re.match(r"layer(\d+)\.(\d+)\.", name)
+        if match:
+            ids[name] = blocks.index(match.group(0)) + 1
+        elif name.split(".", 1)[0] in ("conv1", "bn1"):
+            ids[name] = 0
+        else:
+            ids[name] = head
+    return ids, head + 1
+
+
+def layer_lr_scales(names, layer_decay=1.0, head_lr_scale=1.0):
+    r"""LR multiple of each parameter: timm's layer-wise LR decay
+    :math:`\text{layer\_decay}^{L-1-i}` for layer :math:`i` of :math:`L` (``layer_ids``; the
+    classifier, the last layer, gets 1), times ``head_lr_scale`` for the classifier.
+
+    Args:
+        names (list[str]): Every parameter name of the network.
+        layer_decay (float): In (0, 1]; 1 = no decay.
+        head_lr_scale (float): The classifier's LR multiple, > 0.
+
+    Returns:
+        dict: parameter name -> float multiple of the scheduled LR.
+    """
+    ids, count = layer_ids(names)
+    head = count - 1
+    return {name: layer_decay ** (head - i) * (head_lr_scale if i == head else 1.0)
+            for name, i in ids.items()}
+
+
+def parameter_groups(net, lr, weight_decay, layer_decay=1.0, head_lr_scale=1.0):
+    """Optimizer groups of ``net``'s trainable parameters: weight decay on convolution and
+    dense weights only (``split_weight_decay``), and with layer-wise LR decay or a head LR
+    multiple one group per (LR multiple, decayed or not), each with its own LR array (the
+    scheduled LR times the multiple, so warmup and cosine shape every group alike).
+
+    Args:
+        net (nn.Cell): The network; frozen parameters (``requires_grad=False``) are left out.
+        lr (numpy.ndarray or float): The scheduled LR per optimizer step, or a constant.
+        weight_decay (float): Of the decayed groups.
+        layer_decay (float): timm's ``layer_decay`` in (0, 1]; 1 = off.
+        head_lr_scale (float): The classifier's LR multiple, > 0; 1 = off.
+
+    Returns:
+        list[dict]: Groups for ``nn.Optimizer`` (the last one ``order_params``).
+    """
+    trainable = net.trainable_params()
+    if layer_decay == 1.0 and head_lr_scale == 1.0:
+        decay, no_decay = split_weight_decay(trainable)
+        return [{"params": decay, "weight_decay": weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+                {"order_params": trainable}]
+    scales = layer_lr_scales([p.name for p in net.get_parameters()], layer_decay,
+                             head_lr_scale)
+    groups = {}
+    for params, wd in zip(split_weight_decay(trainable), (weight_decay, 0.0)):
+        for param in params:
+            groups.setdefault((scales[param.name], wd), []).append(param)
+    result = []
+    for (scale, wd), params in groups.items():
+        group_lr = (lr * scale if isinstance(lr, float)
+                    else ms.Tensor((np.asarray(lr, np.float64) * scale).astype(np.float32)))
+        result.append({"params": params, "weight_decay": wd, "lr": group_lr})
+    return result + [{"order_params": trainable}]
 
 
 #: Most entries (steps) of a bias-correction table when the LR gives no number of steps.
@@ -307,13 +396,17 @@ TAKES_LOSS_SCALE = ("momentum",)
 
 
 def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
-                     optimizer="momentum", beta1=0.9, beta2=0.999, eps=1e-8):
+                     optimizer="momentum", beta1=0.9, beta2=0.999, eps=1e-8, layer_decay=1.0,
+                     head_lr_scale=1.0):
     r"""One of ``OPTIMIZERS`` over two parameter groups.
 
     **Groups.** Decayed: every trainable parameter except those named ``*.gamma``, ``*.beta``
     (BatchNorm) and ``*.bias``, i.e. convolution and dense weights, with ``weight_decay``.
     Not decayed: BatchNorm gamma/beta and all biases (weight decay 0). Parameters keep the
-    network's order (``order_params``). Same groups for all three optimizers.
+    network's order (``order_params``). Same groups for all three optimizers. Frozen
+    parameters (``requires_grad=False``: ``src.models.freeze``) are in no group. With
+    ``layer_decay`` < 1 or ``head_lr_scale`` != 1 each group is split by LR multiple
+    (``parameter_groups``), each with its own per-step LR array.
 
     **"momentum"** (``nn.Momentum``, unchanged; the recipes' optimizer). With
     :math:`\tilde g = g / s + \lambda w` (:math:`s` = ``loss_scale``; MindSpore multiplies
@@ -417,6 +510,8 @@ def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
         beta1 (float): First-moment decay ("adamw", "lamb").
         beta2 (float): Second-moment decay ("adamw", "lamb").
         eps (float): Denominator term ("adamw", "lamb"), placed as described above.
+        layer_decay (float): timm's layer-wise LR decay in (0, 1] (``layer_lr_scales``).
+        head_lr_scale (float): The classifier's LR multiple.
 
     Returns:
         nn.Optimizer: the optimizer.
@@ -433,10 +528,7 @@ def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
                          f"(loss_scale={loss_scale}); only {', '.join(TAKES_LOSS_SCALE)} can. "
                          "Use loss_scale 1.0 (no loss scaling, e.g. fp32/O0) with it until the "
                          "training cell unscales gradients itself")
-    decay, no_decay = split_weight_decay(net.trainable_params())
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0},
-              {"order_params": net.trainable_params()}]
+    groups = parameter_groups(net, lr, weight_decay, layer_decay, head_lr_scale)
     learning_rate = lr if isinstance(lr, float) else ms.Tensor(np.asarray(lr, np.float32))
     return OPTIMIZERS[optimizer](groups, learning_rate, momentum=momentum, beta1=beta1,
                                  beta2=beta2, eps=eps, loss_scale=loss_scale)

@@ -8,11 +8,13 @@ import os
 import socket
 import time
 
+from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE
 from src.utils.errors import OutputDirError
 from src.utils.files import atomic_write_text
 
 RECORDS = "metrics.jsonl"
-RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt")
+RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt", TRAIN_SPLIT_FILE,
+             VAL_SPLIT_FILE)
 """Files a run writes besides its checkpoints (``*.ckpt``); moved with them."""
 MOVED_PREFIX = "previous_run_"
 LOCK_FILE = ".run.lock"

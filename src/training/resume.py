@@ -35,9 +35,12 @@ NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the
 # part of the training cell lack it: the configured scale is used (the count starts at 0).
 NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER)
 RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
-               "device_num", "optimizer") + LR_KEYS
+               "device_num", "optimizer", "trainable_layers", "freeze_bn", "layer_decay",
+               "head_lr_scale", "linear_probe_epochs", "stem_pool_pad_mode", "val_split",
+               "class_balance") + LR_KEYS
 """Keys a resumed run must share with its checkpoint: they fix the steps per epoch, the
-network's shapes and the per-step LR array."""
+network (its shapes, its stem pool), the per-step LR array, and the images trained on and
+how (``val_split``: which are held out; ``class_balance``: the sampler or the loss)."""
 
 
 def epoch_seed(seed, epoch):
@@ -133,8 +136,8 @@ def restore_training_state(train_network, path, current=None):
         raise CheckpointError(f"checkpoint {path} does not fit this run: missing {missing[:5]}"
                               f"{hint}, shape mismatch {mismatched[:5]}")
     steps_done, config, best = stored_step(params), stored_config(params), stored_best(params)
-    for name in NOT_RESTORED:
-        params.pop(name, None)
+    for name in [n for n in params if n.startswith(NOT_RESTORED)]:
+        params.pop(name)  # also the LR arrays of parameter groups (learning_rate_group_*)
     ms.load_param_into_net(train_network, params, strict_load=False)
     return steps_done, config, best
 

@@ -3,10 +3,13 @@
 Every ``.ckpt`` this package reads or writes goes through this module. Training checkpoints
 are named ModelZoo-style ``<net_name>-<epoch>_<step>.ckpt`` (1-based epoch, step within the
 epoch) and hold, besides the network: the optimizer's state, ``train_step`` (training steps
-done) and ``run_config`` (the run's resolved config as JSON, checked on resume).
+done) and ``run_config`` (the run's resolved config as JSON, checked on resume). Checkpoints of
+other code bases whose ResNets hold the same tensors under other names (MindCV's) are renamed
+on loading (``SOURCE_LAYOUTS``).
 """
 import glob
 import json
+import logging
 import os
 import re
 
@@ -31,6 +34,36 @@ TRAINING_STATE_PREFIXES = ("moments.", "accum.", "adam_m.", "adam_v.", "lamb_m."
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",
                            "step_num", "last_overflow_iterator_step", EMA_PREFIX,
                            EMA_COUNTER, OVERFLOW_COUNTER) + METADATA_KEYS
+LOGGER = logging.getLogger(__name__)
+
+# Checkpoint layouts of other code bases whose ResNets hold our tensors (same shapes, same
+# order) under other names. A layout is recognised by name components only it uses (the keys
+# of ``renames``) when none of ours (their values) occur; its names are then renamed component
+# by component, its optimizer and training-state entries dropped (``training_state``: name
+# prefixes, besides our ``TRAINING_STATE_PREFIXES``; its ``ema.`` weights are kept, for
+# ``use_ema``), and ``network`` gives the network attributes its networks were built with
+# (``NETWORK_ATTRIBUTES``: a network built otherwise gets a warning).
+SOURCE_LAYOUTS = {
+    "MindCV": {
+        # mindcv/models/resnet.py: ``self.classifier = nn.Dense(...)``, ``down_sample`` in the
+        # blocks; BatchNorm (``gamma``/``beta``/``moving_mean``/``moving_variance``) and
+        # convolution names as ours. Its stem pool is ``nn.MaxPool2d(3, 2, pad_mode="same")``.
+        "renames": {"classifier": "fc", "down_sample": "downsample"},
+        # Saved with the network (``save_checkpoint(cb_params.train_network, ...)`` in
+        # mindcv/utils/callbacks.py): TrainStep's EMA count ``updates``, and the state of the
+        # optimizers of mindcv/optim and mindspore.nn.optim not in TRAINING_STATE_PREFIXES
+        # (Adam, Lion, NAdam, Adan, RMSProp, SGD; Momentum and AdamW's are there).
+        "training_state": ("updates", "moment1.", "moment2.", "moment3.", "vhat.",
+                           "prev_gradient.", "lion_m.", "nadam_m.", "nadam_v.", "mu_schedule",
+                           "mean_grad.", "mean_square.", "moment.", "stat."),
+        "network": {"stem_pool_pad_mode": "same"},
+    },
+}
+NETWORK_ATTRIBUTES = ("stem_pool_pad_mode",)
+"""Config keys that change a network's output but none of its parameters, kept on the network
+as attributes of the same name (``src.models.resnet.ResNet``). Loading compares them with the
+checkpoint's stored run config (or its source layout's ``network``) and warns on a difference:
+the weights load, but the outputs are not those the checkpoint was trained with."""
 
 
 class CheckpointError(UserError, ValueError):
@@ -107,12 +140,94 @@ def ema_weights(params):
             for name, value in params.items() if name.startswith(EMA_PREFIX)}
 
 
+def source_layout(params):
+    """The name of the ``SOURCE_LAYOUTS`` entry ``params`` is in, or None (ours, or unknown).
+
+    Args:
+        params (dict): Checkpoint names -> values, as ``read_checkpoint`` returns.
+
+    Returns:
+        str or None: e.g. ``"MindCV"`` for names with ``classifier`` or ``down_sample``
+        components and no ``fc`` or ``downsample`` ones.
+    """
+    components = {part for name in params for part in name.split(".")}
+    for layout, spec in SOURCE_LAYOUTS.items():
+        if components & set(spec["renames"]) and not components & set(spec["renames"].values()):
+            return layout
+    return None
+
+
+def to_network_names(params, path=""):
+    """Rename the parameters of a checkpoint of another code base (``SOURCE_LAYOUTS``) to ours
+    and drop its optimizer and training-state entries; logs one line naming the mapping.
+    Checkpoints in our layout are returned unchanged.
+
+    Source: MindCV 0.3.0 ``mindcv/models/resnet.py`` (names), ``mindcv/utils/train_step.py``
+    and ``mindcv/optim`` (training state saved with the network).
+
+    Args:
+        params (dict): Checkpoint names -> values, as ``read_checkpoint`` returns.
+        path (str): The file, for the log line.
+
+    Returns:
+        tuple(dict, str or None): the parameters under our names (``ema.`` weights too), and
+        the layout applied (None: ours).
+    """
+    layout = source_layout(params)
+    if layout is None:
+        return params, None
+    spec = SOURCE_LAYOUTS[layout]
+    state = tuple(spec["training_state"]) + TRAINING_STATE_PREFIXES
+    dropped = {n for n in params if n.startswith(state) and not n.startswith(EMA_PREFIX)}
+    renamed, count = {}, 0
+    for name, value in params.items():
+        if name in dropped:
+            continue
+        new = ".".join(spec["renames"].get(part, part) for part in name.split("."))
+        count += new != name
+        if isinstance(value, ms.Parameter):
+            value.name = new
+        renamed[new] = value
+    mapping = ", ".join(f"{old} -> {new}" for old, new in spec["renames"].items())
+    LOGGER.info("%s checkpoint %s: renamed %s (%d tensors)%s", layout, path, mapping, count,
+                f"; dropped {len(dropped)} optimizer/training-state entries "
+                f"({_prefixes(dropped)})" if dropped else "")
+    return renamed, layout
+
+
+def _prefixes(names, limit=6):
+    """``global_step, moments.*, ...``: the first components of ``names``, for messages."""
+    heads = sorted({n.split(".")[0] + (".*" if "." in n else "") for n in names})
+    return ", ".join(heads[:limit]) + (", ..." if len(heads) > limit else "")
+
+
+def expected_network_attributes(params, layout=None):
+    """The ``NETWORK_ATTRIBUTES`` a checkpoint's networks were built with: from its stored run
+    config, else from its source layout (``SOURCE_LAYOUTS[layout]["network"]``); empty when
+    unknown (files written before the key existed, plain ``save_checkpoint`` files).
+
+    Args:
+        params (dict): As ``read_checkpoint`` returns.
+        layout (str, optional): The ``SOURCE_LAYOUTS`` entry the checkpoint is in.
+
+    Returns:
+        dict: key -> value.
+    """
+    source = stored_config(params) or (SOURCE_LAYOUTS[layout]["network"] if layout else {})
+    return {key: source[key] for key in NETWORK_ATTRIBUTES if key in source}
+
+
 def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False):
     """Load a checkpoint into ``net``, strictly.
 
+    A checkpoint of another code base's ResNet (``SOURCE_LAYOUTS``: MindCV's) is renamed to
+    our names first (``to_network_names``, logged). When the checkpoint was trained with other
+    ``NETWORK_ATTRIBUTES`` than ``net`` has (e.g. MindCV's ``stem_pool_pad_mode`` same into a
+    ``pad`` network), it loads with a warning naming the key to pass.
+
     Args:
         net (nn.Cell): The network to fill.
-        path (str): ``.ckpt`` file.
+        path (str): ``.ckpt`` file: ours (training or plain) or MindCV's.
         drop_mismatched_classifier (bool): For fine-tuning: when only ``fc.*`` shapes differ
             (another class count), keep the network's freshly initialized classifier and load
             everything else.
@@ -128,7 +243,9 @@ def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False
         CheckpointMismatchError: If names or shapes do not match the network; the message
             lists the mismatched parameters (e.g. another depth or class count).
     """
-    params = read_checkpoint(path)
+    params, layout = to_network_names(read_checkpoint(path), path)
+    _warn_other_network_attributes(net, expected_network_attributes(params, layout), path,
+                                   f"{layout}'s networks" if layout else "its run config")
     averages = ema_weights(params) if use_ema else {}
     params = averages or params
     missing, unexpected, mismatched = compare(net, params)
@@ -143,6 +260,15 @@ def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False
         del params[name]
     ms.load_param_into_net(net, params, strict_load=True)
     return dropped, bool(averages)
+
+
+def _warn_other_network_attributes(net, expected, path, source):
+    for key, value in expected.items():
+        built = getattr(net, key, value)
+        if built != value:
+            LOGGER.warning("%s was trained with %s %s (%s) but the network is built with %s %s: "
+                           "its outputs differ from the trained network's; pass --%s %s to "
+                           "match it", path, key, value, source, key, built, key, value)
 
 
 def _mismatch_message(path, missing, unexpected, mismatched, limit=10):

@@ -24,16 +24,18 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
             "eval_resize", "grad_accumulation_steps", "log_interval",
             "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size", "base_lr",
             "eval_interval", "top_k", "num_parallel_workers", "loss_scale", "eps",
-            "calibration_images", "scale_window", "max_image_pixels")
+            "calibration_images", "scale_window", "max_image_pixels", "head_lr_scale")
 """Keys whose value must be > 0, checked for every entry point (``check_values``)."""
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
-                "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm")
+                "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm",
+                "linear_probe_epochs")
 """Keys whose value must be >= 0."""
 UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_prob": "[0, 1]",
                  "label_smoothing": "[0, 1)", "ema_decay": "[0, 1)", "beta1": "[0, 1)",
                  "beta2": "[0, 1)", "bce_target_threshold": "[0, 1)",
-                 "max_overflow_fraction": "[0, 1]"}
+                 "max_overflow_fraction": "[0, 1]", "layer_decay": "(0, 1]",
+                 "val_split": "[0, 1)"}
 """Keys whose value must lie in the given interval of [0, 1]."""
 RENAMED = {"image_size": "train_image_size (training crop) and eval_image_size (eval, export, "
                          "predict)"}
@@ -267,10 +269,14 @@ def check_values(cfg):
         if cfg[key] < 0:
             raise ConfigError(f"{key} must be 0 or positive, got {cfg[key]}")
     for key, interval in UNIT_INTERVAL.items():
-        if not 0 <= cfg[key] <= 1 or (interval.endswith(")") and cfg[key] == 1):
+        if (not 0 <= cfg[key] <= 1 or (interval.endswith(")") and cfg[key] == 1)
+                or (interval.startswith("(") and cfg[key] == 0)):
             raise ConfigError(f"{key} must be in {interval}, got {cfg[key]}")
     if cfg.scale_factor <= 1:
         raise ConfigError(f"scale_factor must be > 1, got {cfg.scale_factor}")
+    if not 0 <= cfg.trainable_layers <= 5:
+        raise ConfigError(f"trainable_layers must be in 0..5 (0 = only fc, 5 = every layer), "
+                          f"got {cfg.trainable_layers}")
     if not 0 <= cfg.randaugment_num_ops <= 3:
         raise ConfigError(f"randaugment_num_ops must be in 0..3, got {cfg.randaugment_num_ops}")
     if not 0 <= cfg.randaugment_magnitude <= 30:
