@@ -12,7 +12,7 @@ real test images (1,000 each), for: training from scratch, full fine-tuning, a l
 Writes ``work_dir/results_seeds_<seeds>.json`` and prints a Markdown table (top-1 on the
 held-out classes' test images per seed, their mean, training wall time); ``--plot_run NAME``
 also keeps that run's confusion matrix PNG (``eval.py --plot true``) as
-``work_dir/confusion_NAME.png``.
+``work_dir/confusion_NAME_seedSEED.png``.
 """
 import argparse
 import json
@@ -118,7 +118,7 @@ def main(argv=None):
                 result = json.load(f)
             if plot:
                 shutil.copyfile(os.path.join(out, "confusion_matrix.png"),
-                                os.path.join(args.work_dir, f"confusion_{name}.png"))
+                                os.path.join(args.work_dir, f"confusion_{name}_seed{seed}.png"))
             results.append({"run": name, "seed": int(seed), "top1": result["top1"],
                             "images": result["images"], "train_s": round(train_s, 1),
                             "eval_s": round(eval_s, 1), "args": extra,
