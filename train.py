@@ -45,6 +45,7 @@ from src.training.evaluator import BestCheckpointEvaluator, eval_shard
 from src.training.finetune import (
     check_split_and_balance,
     fine_tuning_model,
+    held_out_fraction,
     record_training_images,
     set_trainable,
 )
@@ -317,7 +318,7 @@ def build_data(cfg, rank, device_num):
                      num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
     train_args = train_data_args(cfg, data_args)
     eval_args = data_args
-    if cfg.val_split:
+    if held_out_fraction(cfg):  # eval_data_path, if given, wins over val_split
         split = split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
         train_args["indices"], eval_args = split.train, dict(data_args, indices=split.val)
     if cfg.class_balance == "sampler":

@@ -26,6 +26,7 @@ from src.data.split import (
     stratified_split,
     write_split_files,
 )
+from src.training.finetune import record_training_images
 from src.utils.config import ConfigError, parse_config
 from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_entry, succeeded
 
@@ -131,13 +132,26 @@ def test_val_split_outside_0_1_is_a_config_error(value):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--eval_data_path", "x"], "val_split 0.2 and eval_data_path x: give one"),
     (["--dataset", "cifar10"], "val_split 0.2 needs dataset imagefolder"),
     (["--split_file", "v.txt"], "split_file v.txt is read by eval.py only")])
-def test_train_refuses_val_split_with_an_eval_folder_or_cifar10(extra, message):
+def test_train_refuses_val_split_with_cifar10_or_a_split_file(extra, message):
     cfg = parse_config(["--data_path", "d", "--val_split", "0.2", *extra])
     with pytest.raises(ConfigError, match=message):
         train.check_train_config(cfg)
+
+
+def test_an_explicit_eval_data_path_wins_over_val_split(folder, caplog):
+    cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--data_path", folder,
+                        "--eval_data_path", folder, "--val_split", "0.25", "--class_num", "3",
+                        "--batch_size", "4"])
+    train.check_train_config(cfg)  # not an error
+    data = train.build_data(cfg, 0, 1)
+    assert "indices" not in data.train_args and "indices" not in data.eval_args
+    run = SimpleNamespace(continues_here=False)
+    with caplog.at_level(logging.INFO):
+        record_training_images(cfg, run, data.class_names, False, logging.getLogger("t"))
+    assert "val_split 0.25 not applied: eval_data_path" in caplog.text
+    assert "training images per class: 3 classes, 30 images" in caplog.text  # all of them
 
 
 def test_run_eval_needs_an_eval_folder_or_a_split():

@@ -25,14 +25,10 @@ def check_split_and_balance(cfg):
     if cfg.split_file:
         raise ConfigError(f"split_file {cfg.split_file} is read by eval.py only: train.py holds "
                           f"out part of data_path with val_split")
-    if cfg.val_split and cfg.eval_data_path:
-        raise ConfigError(f"val_split {cfg.val_split} and eval_data_path {cfg.eval_data_path}: "
-                          f"give one (val_split holds out part of data_path for run_eval, "
-                          f"eval_data_path evaluates another folder); --eval_data_path '' to "
-                          f"split")
-    for key, off in (("val_split", 0.0), ("class_balance", "none")):
-        if cfg.dataset == "cifar10" and cfg[key] != off:
-            raise ConfigError(f"{key} {cfg[key]} needs dataset imagefolder: the cifar10 binary "
+    for key, value, off in (("val_split", held_out_fraction(cfg), 0.0),
+                            ("class_balance", cfg.class_balance, "none")):
+        if cfg.dataset == "cifar10" and value != off:
+            raise ConfigError(f"{key} {value} needs dataset imagefolder: the cifar10 binary "
                               f"release comes split (test_batch.bin, for eval_data_path) and "
                               f"balanced (5000 training images per class)")
 
@@ -77,6 +73,12 @@ def fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log, r
     return with_train_step(cfg, net, step, amp_level)
 
 
+def held_out_fraction(cfg):
+    """The fraction of each class of ``data_path`` held out for ``run_eval``: ``val_split``,
+    unless ``eval_data_path`` is given, which wins (every image of ``data_path`` trains)."""
+    return 0.0 if cfg.eval_data_path else cfg.val_split
+
+
 def record_training_images(cfg, run, class_names, write, log):
     """Class folders: log the training images per class (one line; a warning when the
     largest class has more than ``IMBALANCE_WARNING`` times the images of the smallest)
@@ -91,8 +93,12 @@ def record_training_images(cfg, run, class_names, write, log):
     """
     if cfg.dataset != "imagefolder":
         return
-    if cfg.val_split:
-        split = split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
+    val_split = held_out_fraction(cfg)
+    if cfg.val_split and not val_split:
+        log.warning("val_split %g not applied: eval_data_path %s is given and wins (every image "
+                    "of data_path trains)", cfg.val_split, cfg.eval_data_path)
+    if val_split:
+        split = split_image_folder(cfg.data_path, val_split, cfg.seed)
         changed = changed_split_files(cfg.output_dir, cfg.data_path, split) if (
             write and run.continues_here) else []
         if changed and not cfg.resume_ignore_config:
@@ -110,7 +116,7 @@ def record_training_images(cfg, run, class_names, write, log):
         log.info("val_split %g: %d images train, %d held out%s (lists: %s, %s)",
                  cfg.val_split, len(split.train), len(split.val),
                  " for run_eval" if cfg.run_eval else "", TRAIN_SPLIT_FILE, VAL_SPLIT_FILE)
-    counts = class_counts(training_labels(cfg.data_path, cfg.val_split, cfg.seed),
+    counts = class_counts(training_labels(cfg.data_path, val_split, cfg.seed),
                           len(class_names))
     line, ratio = class_count_summary(counts, class_names)
     log.info("training images per class: %s", line)
