@@ -39,8 +39,9 @@ from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, create_dataset, image_folder_files
 from src.data.split import read_split_file
-from src.deploy.inference import check_runtime, load_predictor, model_runtime
+from src.deploy.inference import check_runtime, load_predictor, model_runtime, onnx_of_network
 from src.deploy.report import ClassReport, plot_confusion
+from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.training.loss import CrossEntropySmooth
 from src.utils.cli import run_entry_point
@@ -107,14 +108,19 @@ def benchmark_inference(cfg):
         net = create_network(cfg.net_name, cfg.class_num, device_target=cfg.device_target,
                              stem_pool_pad_mode=cfg.stem_pool_pad_mode)
         net.set_train(False)
-        predict = lambda x: net(ms.Tensor(x)).asnumpy()  # noqa: E731
+        if cfg.runtime == "onnxruntime":  # as a .ckpt runs there: BatchNorms folded
+            fold_batchnorm(net)
+            predict = onnx_of_network(net, (3, cfg.eval_image_size, cfg.eval_image_size))
+        else:
+            predict = lambda x: net(ms.Tensor(x)).asnumpy()  # noqa: E731
     images, _ = synthetic_batch(cfg.batch_size, cfg.eval_image_size, cfg.class_num)
     warmup, timed = time_calls(lambda: predict(images), cfg.benchmark_steps)
     record, line = throughput_report("eval", cfg.batch_size, 1, warmup, timed)
-    model = (f"{cfg.checkpoint_path} ({model_runtime(cfg.checkpoint_path, cfg.runtime)})"
-             if cfg.checkpoint_path else f"{cfg.net_name} (random weights)")
+    runtime = model_runtime(cfg.checkpoint_path, cfg.runtime)
+    model = (f"{cfg.checkpoint_path} ({runtime})" if cfg.checkpoint_path
+             else f"{cfg.net_name} (random weights, {runtime})")
     print(f"{line}; model {model}")
-    print(json.dumps(dict(record, checkpoint_path=cfg.checkpoint_path)))
+    print(json.dumps(dict(record, checkpoint_path=cfg.checkpoint_path, runtime=runtime)))
     return 0
 
 
@@ -134,12 +140,12 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
+    check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before the slow work
     if cfg.benchmark_steps:
         setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return benchmark_inference(cfg)
     check_data_classes(cfg)
     indices = split_indices(cfg)  # None: every image of data_path
-    check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before the slow work
     check_output_dir(cfg.output_dir)  # before the evaluation, not after it
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 

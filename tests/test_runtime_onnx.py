@@ -137,3 +137,15 @@ def test_the_runtime_named_is_the_one_that_runs_the_file():
     assert model_runtime("m.mindir", "mindspore") == "mindspore"
     assert model_runtime("m.ckpt", "onnxruntime") == "onnxruntime"
     assert model_runtime("m.ckpt", "mindspore") == "mindspore"
+
+
+@pytest.mark.parametrize("runtime", ["mindspore", "onnxruntime"])
+def test_the_throughput_mode_without_a_checkpoint_runs_in_the_runtime_asked(runtime, spied,
+                                                                          capsys):
+    evaluation = importlib.import_module("eval")
+    assert evaluation.main([*COMMON, "--batch_size", "2", "--benchmark_steps", "1",
+                            "--runtime", runtime]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["runtime"] == runtime and record["mode"] == "benchmark_eval"
+    expected = [{"batchnorm": False, "dynamic_batch": True, "format": "ONNX"}]
+    assert spied["exports"] == (expected if runtime == "onnxruntime" else [])
