@@ -43,8 +43,9 @@ def set_trainable(cfg, net, trainable_layers, freeze_bn, device_num, log):
              trainable_layers, ", BatchNorm frozen" if freeze_bn else "",
              count_parameters(params), count_parameters(everything), len(params),
              len(everything))
-    if device_num > 1:
-        fusion = apply_fusion_config(cfg.all_reduce_fusion_config, len(params), cfg.net_name)
+    if device_num > 1:  # an explicit split is for the configured layers, not LP-FT's probe
+        explicit = cfg.all_reduce_fusion_config if trainable_layers == cfg.trainable_layers else []
+        fusion = apply_fusion_config(explicit, len(params), cfg.net_name)
         log.info("gradient all-reduce fused in groups split at %s of %d trainable tensors",
                  fusion, len(params))
 

@@ -79,7 +79,8 @@ def apply_fusion_config(indices, num_tensors, net_name):
     """
     indices = list(indices) or fusion_config_for(num_tensors)
     check_fusion_config(indices, num_tensors, net_name)
-    ms.set_auto_parallel_context(all_reduce_fusion_config=indices)
+    if indices:  # none: a single tensor, one group (MindSpore refuses an empty list)
+        ms.set_auto_parallel_context(all_reduce_fusion_config=indices)
     return indices
 
 
@@ -201,5 +202,8 @@ def check_fusion_config(indices, num_tensors, net_name):
 
 def fusion_config_for(num_tensors):
     """The ResNet-50 split [85, 160] of 161 tensors (ModelZoo's), scaled to ``num_tensors``:
-    ResNet-18 [33, 61], ResNet-34 [58, 109], ResNet-101 [166, 313], ResNet-152 [247, 466]."""
-    return [round(85 * num_tensors / 161), num_tensors - 1]
+    ResNet-18 [33, 61], ResNet-34 [58, 109], ResNet-101 [166, 313], ResNet-152 [247, 466].
+    Few tensors (fine-tuning a few layers: 2 for ``fc`` alone) keep the split points that
+    fit: [1] for 2 tensors, [] (one group) for 1."""
+    points = {round(85 * num_tensors / 161), num_tensors - 1}
+    return sorted(i for i in points if 1 <= i <= num_tensors - 1)
