@@ -114,11 +114,11 @@ def worker_log_lines(out, rank, text):
 
 
 def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(tmp_path):
-    """train.py on 2 ranks with --run_eval true, a weight EMA and LP-FT (fc alone in epoch 1,
-    then layer4 too), over an eval set whose size (199) does not divide by the ranks: both
-    ranks exit 0 and log the same figures (so take the same "best" decisions), exactly one
-    best checkpoint, and eval.py in one process reproduces metrics.jsonl's top-1/top-5 (live,
-    EMA, best) over the same 199 images."""
+    """train.py on 2 ranks with --run_eval true, a weight EMA, LP-FT (fc alone in epoch 1, then
+    layer4 too) and the class-balanced sampler, over an eval set whose size (199) does not
+    divide by the ranks: both ranks exit 0 and log the same figures (so take the same "best"
+    decisions), exactly one best checkpoint, and eval.py in one process reproduces
+    metrics.jsonl's top-1/top-5 (live, EMA, best) over the same 199 images."""
     train_dir = os.path.join(CIFAR_SAMPLE, "train")  # 1000 images: 31 steps of 2 x 16
     eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "test"), 20)
     dropped = os.path.join(eval_dir, "cat")
@@ -129,7 +129,8 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
                       "--run_eval", "true", "--eval_interval", "1", "--epoch_size", "2",
                       "--batch_size", "16", "--base_lr", "0.2", "--warmup_epochs", "0",
                       "--ema_decay", "0.5", "--save_checkpoint_epochs", "1", "--log_interval",
-                      "10", "--linear_probe_epochs", "1", "--trainable_layers", "1")
+                      "10", "--linear_probe_epochs", "1", "--trainable_layers", "1",
+                      "--class_balance", "sampler")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for rank in range(2):
         assert not worker_log_lines(out, rank, "Traceback")
@@ -137,6 +138,8 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
         assert worker_log_lines(out, rank, "fused in groups split at [1] of 2 trainable")
         assert worker_log_lines(out, rank, "fused in groups split at [9, 16] of 17 trainable")
         assert worker_log_lines(out, rank, "LP-FT: linear probe done after 31 steps")
+    # the class-balanced sampler, sharded: each rank 500 of the 1000 draws, 31 batches of 16
+    assert "epoch 1/2 step 31/31" in out.joinpath("train.log").read_text()
     assert sorted(p.name for p in out.iterdir() if "best" in p.name) == ["resnet18-best.ckpt"]
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     assert [r["epoch"] for r in records] == [1, 2]
