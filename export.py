@@ -55,7 +55,12 @@ from src.deploy.exporting import (
     export_model,
 )
 from src.deploy.inference import load_mindir, load_network, load_onnx
-from src.deploy.quantize import check_quantize_config, export_int8, select_calibration_images
+from src.deploy.quantize import (
+    check_quantize_config,
+    export_int8,
+    reduce_range_for,
+    select_calibration_images,
+)
 from src.models.bn_fold import fold_batchnorm
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -82,7 +87,8 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path):
         export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    cfg.eval_image_size, cfg.eval_resize)
+                    cfg.eval_image_size, cfg.eval_resize,
+                    reduce_range_for(cfg.quantize_reduce_range))
 
 
 def check_exported(path, file_format, dynamic_batch=False):
@@ -172,7 +178,9 @@ def main(argv=None):
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
     final = export_checked(net, dummy, cfg, calibration)
-    int8 = (f"int8 (static QDQ) calibrated on {len(calibration)} images of "
+    bits = 7 if calibration and reduce_range_for(cfg.quantize_reduce_range) else 8
+    int8 = (f"int8 (static QDQ, {bits}-bit weights: quantize_reduce_range "
+            f"{cfg.quantize_reduce_range}) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")
     batch = "batch" if cfg.dynamic_batch else cfg.batch_size  # the symbolic dimension's name
     print(f"exported {cfg.checkpoint_path} -> {final} "

@@ -40,7 +40,13 @@ from src.data.split import (
     split_image_folder,
 )
 from src.models.resnet import create_network
-from src.training.callbacks import StepState, StopAtStep, TrainMonitor, loss_value
+from src.training.callbacks import (
+    OptimizerStepCallbacks,
+    StepState,
+    StopAtStep,
+    TrainMonitor,
+    loss_value,
+)
 from src.training.evaluator import BestCheckpointEvaluator, eval_shard
 from src.training.finetune import (
     check_split_and_balance,
@@ -133,10 +139,10 @@ def in_folder(path, folder):
 
 
 def train_data_args(cfg, data_args):
-    """Keyword arguments of the training pipeline: one batch is one optimizer step
-    (``grad_accumulation_steps`` micro-batches of ``batch_size``), with the augmentations."""
-    return dict(data_args, batch_size=cfg.batch_size * cfg.grad_accumulation_steps,
-                image_size=cfg.train_image_size, crop_scale=cfg.train_crop_scale,
+    """Keyword arguments of the training pipeline: batches of ``batch_size`` (one ``Model``
+    step each; ``grad_accumulation_steps`` of them make an optimizer step), with the
+    augmentations."""
+    return dict(data_args, image_size=cfg.train_image_size, crop_scale=cfg.train_crop_scale,
                 auto_augment=cfg.auto_augment, randaugment_num_ops=cfg.randaugment_num_ops,
                 randaugment_magnitude=cfg.randaugment_magnitude,
                 random_erasing=cfg.random_erasing)
@@ -152,15 +158,24 @@ def batch_mixer(cfg, seed):
                       label_smoothing=cfg.label_smoothing, class_num=cfg.class_num, seed=seed)
 
 
-def epoch_dataset(cfg, epoch, skip_steps, train_args, shards):
-    """The training pipeline of ``epoch``, seeded from (seed, epoch), first ``skip_steps``
-    batches skipped (they are still read, so random augmentation stays in step). The image
-    check ran when the first pipeline was built (``src.data.image_check`` checks a folder once)."""
-    seed = epoch_seed(cfg.seed, epoch)
+def training_pipeline(cfg, data, seed):
+    """A training pipeline seeded with ``seed``: batches of ``batch_size``, each epoch cut to
+    ``data.batches_per_epoch`` (whole optimizer steps: the micro-batches of an optimizer
+    step never straddle two epochs). The image check ran when the first pipeline was built
+    (``src.data.image_check`` checks a folder once)."""
     ds.config.set_seed(seed)
-    dataset = create_dataset(cfg.data_path, is_training=True, **train_args, **shards,
+    dataset = create_dataset(cfg.data_path, is_training=True, **data.train_args, **data.shards,
                              batch_transform=batch_mixer(cfg, seed))
-    return dataset.skip(skip_steps) if skip_steps else dataset
+    return dataset.take(data.batches_per_epoch) if data.cut_epochs else dataset
+
+
+def epoch_dataset(cfg, epoch, skip_steps, data):
+    """The training pipeline of ``epoch``, seeded from (seed, epoch), the batches of its
+    first ``skip_steps`` optimizer steps skipped (they are still read, so random
+    augmentation stays in step)."""
+    dataset = training_pipeline(cfg, data, epoch_seed(cfg.seed, epoch))
+    skip = skip_steps * cfg.grad_accumulation_steps
+    return dataset.skip(skip) if skip else dataset
 
 
 def resolve_sink_size(cfg, steps_per_epoch):
@@ -304,9 +319,12 @@ def lock_output_dir(cfg, rank, log):
 def build_data(cfg, rank, device_num):
     """The training data as the run sees it: pipeline arguments (``data_args`` for eval,
     ``train_args`` for training, ``eval_args`` for run_eval), data-parallel ``shards``,
-    optimizer steps per epoch and the class names (label order). With ``val_split`` the
-    training pipeline reads the training part of data_path and ``eval_args`` the held-out
-    part (``split_image_folder``); ``class_balance sampler`` draws class-balanced.
+    optimizer steps per epoch (``steps_per_epoch``), the batches of ``batch_size`` read per
+    epoch (``batches_per_epoch``: ``grad_accumulation_steps`` per optimizer step; with
+    ``cut_epochs`` the pipeline gives more and is cut) and the class names (label order).
+    With ``val_split`` the training pipeline reads the training part of data_path and
+    ``eval_args`` the held-out part (``split_image_folder``); ``class_balance sampler`` draws
+    class-balanced.
 
     Raises:
         ConfigError: If an epoch has no full batch, the class count is not ``class_num``,
@@ -325,11 +343,13 @@ def build_data(cfg, rank, device_num):
         train_args["balance_classes"] = True
     shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
     train_set = create_dataset(cfg.data_path, is_training=True, **train_args, **shards)
-    steps_per_epoch = train_set.get_dataset_size()
+    batches = train_set.get_dataset_size()
+    steps_per_epoch = batches // cfg.grad_accumulation_steps
     if steps_per_epoch == 0:
-        raise ConfigError(f"data_path {cfg.data_path} gives 0 full batches of batch_size "
-                          f"{cfg.batch_size} x grad_accumulation_steps "
-                          f"{cfg.grad_accumulation_steps} per device: lower them")
+        raise ConfigError(f"data_path {cfg.data_path} gives {batches} full batches of "
+                          f"batch_size {cfg.batch_size} per device, fewer than the "
+                          f"grad_accumulation_steps {cfg.grad_accumulation_steps} of one "
+                          f"optimizer step: lower them")
     class_names = (class_names_of(cfg.data_path) if cfg.dataset == "imagefolder"
                    else CIFAR10_CLASSES)
     if len(class_names) != cfg.class_num:
@@ -341,6 +361,8 @@ def build_data(cfg, rank, device_num):
                           f"data_path {cfg.data_path}: labels would not match")
     return SimpleNamespace(data_args=data_args, train_args=train_args, eval_args=eval_args,
                            shards=shards, steps_per_epoch=steps_per_epoch,
+                           batches_per_epoch=steps_per_epoch * cfg.grad_accumulation_steps,
+                           cut_epochs=batches % cfg.grad_accumulation_steps != 0,
                            class_names=class_names)
 
 
@@ -497,7 +519,7 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
         shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
         evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level, is_main)
         evaluator.restore(run.best)  # the checkpoint's best, not metrics.jsonl's
-    state = StepState(run.start_step, cfg.max_overflow_fraction)
+    state = StepState(run.start_step, cfg.max_overflow_fraction, cfg.grad_accumulation_steps)
     monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
                            os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
                            log, evaluator, cfg.eval_interval)
@@ -510,25 +532,27 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
     profile = parse_profile_steps(cfg.profile_steps)
     profiler = ProfileSteps(state, *profile, os.path.join(cfg.output_dir, "profiler"), log,
                             total_steps=len(lr)) if profile else None
+    on_steps = [stop, monitor, saver] + ([profiler] if profiler else [])
     return SimpleNamespace(state=state, monitor=monitor, saver=saver, profiler=profiler,
-                           all=[state, stop, monitor, saver] + ([profiler] if profiler else []))
+                           all=[state, OptimizerStepCallbacks(state, on_steps, [stop.install])])
 
 
 def train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=None):
     """Train from ``start_step`` to ``end_step`` (an epoch boundary; default: the end of
-    ``epoch_size`` epochs), or until a stop, one step per call: each epoch its own pipeline
+    ``epoch_size`` epochs), or until a stop, one batch per call (with
+    ``grad_accumulation_steps`` k, k calls per optimizer step): each epoch its own pipeline
     (``epoch_dataset``), the batches a resumed run has already trained skipped, so a resumed
     run sees the same augmented images in the same order as an uninterrupted one. One
     ``Model.train`` call per epoch; the graph is compiled once (step-by-step calls reuse
     it)."""
     steps_per_epoch = data.steps_per_epoch
     end_epoch = cfg.epoch_size if end_step is None else end_step // steps_per_epoch
-    cbs.state.steps_per_call = 1
+    cbs.state.set_call_size(1)
     for epoch in range(start_step // steps_per_epoch, end_epoch):
         if stopped(cbs, stop):
             return
         skip = max(0, start_step - epoch * steps_per_epoch)
-        dataset = epoch_dataset(cfg, epoch, skip, data.train_args, data.shards)
+        dataset = epoch_dataset(cfg, epoch, skip, data)
         model.train(epoch + 1, dataset, callbacks=cbs.all, dataset_sink_mode=False,
                     initial_epoch=epoch)
 
@@ -538,10 +562,7 @@ def run_dataset(cfg, data):
     (``seed``, 0). MindSpore's sampler reshuffles it every epoch, the order a function of the
     seed and the epoch number alone; ``Dataset.set_init_step`` starts it at any step with
     that order (``train_sunk``)."""
-    seed = epoch_seed(cfg.seed, 0)
-    ds.config.set_seed(seed)
-    return create_dataset(cfg.data_path, is_training=True, **data.train_args, **data.shards,
-                          batch_transform=batch_mixer(cfg, seed))
+    return training_pipeline(cfg, data, epoch_seed(cfg.seed, 0))
 
 
 def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=run_dataset,
@@ -563,16 +584,21 @@ def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset
     With LP-FT each phase is one such call on its own pipeline (started at the switch step
     for the second), so the run compiles two training graphs.
 
+    Steps are optimizer steps: with ``grad_accumulation_steps`` k a call of ``sink_size``
+    steps feeds the device k x ``sink_size`` batches and the pipeline starts at batch
+    k x ``start_step``.
+
     Args:
         build_dataset (callable): ``(cfg, data) -> Dataset`` of the whole run (``run_dataset``).
         end_step (int, optional): Step after which to stop (a multiple of ``sink_size``).
     """
     total = cfg.epoch_size * data.steps_per_epoch if end_step is None else end_step
+    k = cfg.grad_accumulation_steps  # Model steps (batches) per optimizer step
     head = -start_step % sink_size
     if head:
         dataset = build_dataset(cfg, data)
-        dataset.set_init_step(start_step)
-        cbs.state.steps_per_call = 1
+        dataset.set_init_step(start_step * k)
+        cbs.state.set_call_size(1)
         model.train(cfg.epoch_size, dataset, callbacks=cbs.all + [StopAtStep(
             cbs.state, start_step + head)], dataset_sink_mode=False,
                     initial_epoch=start_step // data.steps_per_epoch)
@@ -581,15 +607,16 @@ def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset
             return
     dataset = build_dataset(cfg, data)
     if start_step:
-        dataset.set_init_step(start_step)
-    cbs.state.steps_per_call = sink_size
+        dataset.set_init_step(start_step * k)
+    cbs.state.set_call_size(sink_size * k)
     model.train(total // sink_size, dataset, callbacks=cbs.all, dataset_sink_mode=True,
-                sink_size=sink_size, initial_epoch=start_step // sink_size)
+                sink_size=sink_size * k, initial_epoch=start_step // sink_size)
 
 
 def benchmark_training(cfg, device_num, log):
-    """``--benchmark_steps N``: N training steps of the configured recipe on one synthetic
-    batch that stays on the device (``src.utils.throughput``); no dataset, no files. Returns 0."""
+    """``--benchmark_steps N``: N optimizer steps of the configured recipe on one synthetic
+    batch of ``batch_size`` that stays on the device (``src.utils.throughput``), fed
+    ``grad_accumulation_steps`` times per step; no dataset, no files. Returns 0."""
     net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
                          device_target=cfg.device_target)
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
@@ -597,13 +624,19 @@ def benchmark_training(cfg, device_num, log):
     step.set_train()
     images_per_step = cfg.batch_size * cfg.grad_accumulation_steps
     images, labels = as_tensors(*synthetic_batch(
-        images_per_step, cfg.train_image_size, cfg.class_num,
+        cfg.batch_size, cfg.train_image_size, cfg.class_num,
         soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha)))
     log.info("benchmark_steps %d: %s, %d images per step per device at %d px, amp_level %s, "
              "%d device(s); data_path not read, nothing written", cfg.benchmark_steps,
              cfg.net_name, images_per_step, cfg.train_image_size, amp_level, device_num)
-    warmup, timed = time_calls(lambda: loss_value(step(images, labels)), cfg.benchmark_steps)
+    def optimizer_step():
+        for _ in range(cfg.grad_accumulation_steps - 1):
+            step(images, labels)
+        return loss_value(step(images, labels))
+
+    warmup, timed = time_calls(optimizer_step, cfg.benchmark_steps)
     record, line = throughput_report("train", images_per_step, device_num, warmup, timed)
+    record["optimizer_steps"] = int(step.optimizer.global_step.asnumpy().reshape(-1)[0])
     log.info("%s", line)
     print(json.dumps(record))
     return 0

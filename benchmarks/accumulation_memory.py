@@ -3,18 +3,21 @@
     python benchmarks/accumulation_memory.py                       # ResNet-18, 224 px
     python benchmarks/accumulation_memory.py --net_name resnet50 --steps 2
 
-``TrainStep`` runs its k micro-batches as k forward/backward passes unrolled in one graph fed
-a k-times batch. Users turn accumulation on to fit a global batch in less memory; this
-measures whether it does. Every case runs in a fresh process that builds the train step as
-train.py does (``src.utils.config.parse_config`` then ``src.training.model.build_model``,
-fp32 as on CPU), runs one warmup (compile) step on a fixed random batch and ``--steps``
-timed steps (wall time, and the process's CPU time, less sensitive to a shared machine).
-Cases, at a fixed ``--global_batch`` G images per optimizer step:
+``TrainStep`` accumulates across calls: each call runs one micro-batch of ``batch_size`` and
+adds its gradients to buffers, every k-th call steps the optimizer (as ``Model`` feeds it in
+train.py). Users turn accumulation on to fit a global batch in less memory; this measures
+whether it does. Every case runs in a fresh process that builds the train step as train.py
+does (``src.utils.config.parse_config`` then ``src.training.model.build_model``, fp32 as on
+CPU), runs one warmup optimizer step (compile) on a fixed random micro-batch and ``--steps``
+timed optimizer steps of k calls each (wall time, and the process's CPU time, less
+sensitive to a shared machine). Cases, at a fixed ``--global_batch`` G images per optimizer
+step:
 
-- ``accumulate k``: ``batch_size`` G / k, ``grad_accumulation_steps`` k, fed G images, for
-  every k of ``--accumulation`` (k = 1 is the plain step);
-- ``micro-batch only``: ``batch_size`` G / k without accumulation, fed G / k images: the
-  memory the micro-batch alone needs, which accumulation would ideally approach.
+- ``accumulate k``: ``batch_size`` G / k, ``grad_accumulation_steps`` k: k calls of G / k
+  images per optimizer step, for every k of ``--accumulation`` (k = 1 is the plain step);
+- ``micro-batch only``: ``batch_size`` G / k without accumulation, one call of G / k images:
+  the memory the micro-batch alone needs, which accumulation approaches (its buffers add
+  one copy of the gradients).
 
 Peak memory per case: ``ru_maxrss`` of the finished child (``os.wait4``; the harness does not
 import MindSpore, so no large parent peak carries over the exec), and its split into the
@@ -70,7 +73,7 @@ def parse_args(argv=None):
 
 
 def cases(args):
-    """Case name -> (batch_size, grad_accumulation_steps, images fed per step)."""
+    """Case name -> (batch_size, grad_accumulation_steps, images per optimizer step)."""
     table = {f"accumulate_{k}": (args.global_batch // k, k, args.global_batch) for k in args.ks}
     for k in args.ks:
         if k > 1:
@@ -94,8 +97,9 @@ def reset_peak():
 
 
 def run_worker(args):
-    """Build the case's TrainStep as train.py does, warm up, time ``steps`` steps; print JSON."""
-    batch_size, k, fed = cases(args)[args.worker]
+    """Build the case's TrainStep as train.py does, warm up, time ``steps`` optimizer steps
+    (k calls of one micro-batch each); print JSON."""
+    batch_size, k, _ = cases(args)[args.worker]
     from src.env import set_cpu_fast_path
     set_cpu_fast_path()
     import mindspore as ms
@@ -114,19 +118,24 @@ def run_worker(args):
     step = build_model(cfg, net, 0.1, "O0")[0].train_network
     step.set_train(True)
     rng = np.random.default_rng(0)
-    images = ms.Tensor(rng.standard_normal((fed, 3, args.image_size, args.image_size),
+    images = ms.Tensor(rng.standard_normal((batch_size, 3, args.image_size, args.image_size),
                                            dtype=np.float32))
-    labels = ms.Tensor(rng.integers(0, args.class_num, fed, dtype=np.int32))
+    labels = ms.Tensor(rng.integers(0, args.class_num, batch_size, dtype=np.int32))
+
+    def optimizer_step():
+        for _ in range(k):
+            step(images, labels).asnumpy()
+
     built_mb = vm_field("VmHWM")
     start = time.perf_counter()
-    step(images, labels).asnumpy()
+    optimizer_step()
     warmup_s = time.perf_counter() - start
     warmup_peak_mb = vm_field("VmHWM")
     reset_peak()
     seconds, cpu_seconds = [], []
     for _ in range(args.steps):
         start, cpu_start = time.perf_counter(), time.process_time()
-        step(images, labels).asnumpy()
+        optimizer_step()
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu_start)
     print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "warmup_s": warmup_s,
@@ -188,10 +197,10 @@ def markdown(args, table, results, env):
              f"{env['cpu']}, ONEDNN_MAX_CPU_ISA={env['onednn_isa']}; MindSpore "
              f"{env['mindspore']}; median over {args.rounds} round(s) x {args.steps} timed "
              f"steps, peaks the worst round.", "",
-             "| case | batch_size x grad_accumulation_steps | images fed / step "
+             "| case | batch_size x grad_accumulation_steps | images / optimizer step "
              "| peak RSS (MiB, ru_maxrss) | peak to end of warmup (MiB) "
              "| peak of the timed steps (MiB) | after build (MiB) | s / step | CPU s / step "
-             "| img/s | warmup (compile + 1 step) s |",
+             "| img/s | warmup (compile + 1 optimizer step) s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (batch_size, k, fed) in table.items():
         r = results[name]

@@ -4,8 +4,9 @@ real CIFAR-10 images, with two training cells one after the other, their paramet
 
 - ``onestep``: MindSpore's ``nn.TrainOneStepCell``, per-rank batch B;
 - ``trainstep``: this package's ``TrainStep`` with gradient accumulation over
-  ``ACCUMULATION`` micro-batches, global-norm clipping and a weight EMA; per-rank batch
-  ``ACCUMULATION`` x B (one optimizer step).
+  ``ACCUMULATION`` micro-batches (one call each, as ``Model`` feeds them: the all-reduce
+  runs in the call that steps the optimizer), global-norm clipping and a weight EMA;
+  per-rank ``ACCUMULATION`` x B images per optimizer step.
 
     msrun --worker_num 2 ... tests/dist_worker.py --out DIR     # rank r trains on its half
     python tests/dist_worker.py --out DIR --single              # one process, whole batch
@@ -79,10 +80,13 @@ def train(variant, args, rank):
     images, labels = real_batches(args.data_path, args.steps, global_batch)
     rows = slice(0, global_batch) if args.single else slice(rank * per_rank,
                                                             (rank + 1) * per_rank)
+    calls = 1 if variant == "onestep" else ACCUMULATION  # per optimizer step
     for s in range(args.steps):
         x = images[s * global_batch:(s + 1) * global_batch][rows]
         y = labels[s * global_batch:(s + 1) * global_batch][rows]
-        step(ms.Tensor(x), ms.Tensor(y))
+        size = len(x) // calls
+        for i in range(calls):
+            step(ms.Tensor(x[i * size:(i + 1) * size]), ms.Tensor(y[i * size:(i + 1) * size]))
     saved = dict(init, **{p.name: p.asnumpy() for p in net.trainable_params()})
     if ema is not None:
         names = {p.name for p in net.trainable_params()}

@@ -142,7 +142,7 @@ def sampler_config(folder, *extra):
 
 
 def epoch_labels(cfg, data, epoch, skip=0):
-    dataset = train.epoch_dataset(cfg, epoch, skip, data.train_args, data.shards)
+    dataset = train.epoch_dataset(cfg, epoch, skip, data)
     return [y.tolist() for _, y in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)]
 
 

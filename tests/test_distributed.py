@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import mindspore as ms
 import numpy as np
 import pytest
 
@@ -236,13 +237,15 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
         tmp_path):
     """SIGTERM to rank 1 only (which writes nothing): the ranks agree at the step's end, every
     rank stops after that same step, rank 0 saves it, each exits 143 with a line naming the
-    signal and the rank, and the launcher reports the stop (status 143)."""
+    signal and the rank, and the launcher reports the stop (status 143). With gradient
+    accumulation over 2 micro-batches (2 calls of the training cell per optimizer step): the
+    signal may come between them, the ranks still agree and stop after an optimizer step."""
     out = tmp_path / "sig"
     proc = subprocess.Popen(
         ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
          str(free_port()), "--cluster_time_out", "60", "data/cifar10_sample/train",
          "configs/quick_start.yaml", str(out), "--epoch_size", "50", "--run_eval", "false",
-         "--log_interval", "1"],
+         "--log_interval", "1", "--batch_size", "16", "--grad_accumulation_steps", "2"],
         cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
@@ -266,8 +269,12 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     assert all(len(lines) == 1 for lines in stopped), stdout[-1500:] + stderr[-3000:]
     steps = [int(lines[0].split("at global step ")[1].split(",")[0]) for lines in stopped]
     assert steps[0] == steps[1] > 3  # the same step on both ranks, in the middle of training
-    ckpt = out / checkpoint_name("resnet18", steps[0], 15)  # 15 steps of 2 x 32 per epoch
+    # 15 optimizer steps of 2 ranks x 2 micro-batches x 16 per epoch
+    ckpt = out / checkpoint_name("resnet18", steps[0], 15)
     assert ckpt.exists(), sorted(os.listdir(out))
+    saved = ms.load_checkpoint(str(ckpt))
+    assert int(saved["global_step"].asnumpy()) == steps[0]
+    assert not [n for n in saved if n.startswith("grad_accum")]
     assert f"saved {ckpt}" in stopped[0][0] and f"saved {ckpt}" in stopped[1][0]
     for rank in range(2):
         assert worker_log_lines(out, rank, "rank 1 received SIGTERM"), rank

@@ -59,6 +59,16 @@ def dynamic_step(seed=0, clip=1.0, accumulation=2):
     return step
 
 
+def feed(step, data, k=2):
+    """One optimizer step of ``step`` (accumulation ``k``) on ``data``: its k micro-batches,
+    one call each, as ``Model`` feeds them; returns the last call's outputs."""
+    images, targets = data
+    size = images.shape[0] // k
+    for i in range(k):
+        outputs = step(images[i * size:(i + 1) * size], targets[i * size:(i + 1) * size])
+    return outputs
+
+
 def batch(seed, size=8, inf_row=None):
     """(image, one-hot soft target); ``inf_row``: that row's target is inf (an overflow in the
     backward pass only: the BatchNorm statistics of the forward stay finite)."""
@@ -86,9 +96,9 @@ def test_an_overflowed_step_changes_nothing_and_the_next_step_trains():
     that batch."""
     good_1, good_2 = batch(1), batch(3)
     step = dynamic_step()
-    step(*good_1)
+    feed(step, good_1)
     before = state_of(step)
-    loss, overflow, scale = step(*batch(2, inf_row=6))
+    loss, overflow, scale = feed(step, batch(2, inf_row=6))
     after = state_of(step)
     assert bool(overflow.asnumpy()) and not np.isfinite(loss.asnumpy())
     changed = {n for n in before if not np.array_equal(before[n], after[n], equal_nan=True)}
@@ -98,13 +108,13 @@ def test_an_overflowed_step_changes_nothing_and_the_next_step_trains():
     assert after[OVERFLOW_COUNTER].item() == 1
     assert after["global_step"].item() == 1 and after["ema_updates"].item() == 1
 
-    _, overflow, scale = step(*good_2)
+    _, overflow, scale = feed(step, good_2)
     assert not bool(overflow.asnumpy()) and float(scale.asnumpy()) == SCALE / SCALE_FACTOR
     trained = state_of(step)
     assert trained[OVERFLOW_COUNTER].item() == 1 and trained["global_step"].item() == 2
     reference = dynamic_step()
-    for images, targets in (good_1, good_2):
-        reference(images, targets)
+    for data in (good_1, good_2):
+        feed(reference, data)
     expected = state_of(reference)
     compared = [n for n in expected if n.startswith(("conv.", "bn.", "fc.", "moments.", "ema.",
                                                      "global_step", "ema_updates"))
@@ -131,13 +141,13 @@ def test_step_state_counts_a_real_cells_overflowed_steps_within_a_call():
     """Three compiled steps in one callback call (a sink call of 3 steps): two overflowed,
     the last did not. The call's flag says "ok"; the device counter says 2."""
     step = dynamic_step()
-    state = StepState()
+    state = StepState(accumulation_steps=2)
     cb = Params(net_outputs=None, train_network=step)
     context = RunContext(cb)
     state.on_train_begin(context)
-    state.steps_per_call = 3
+    state.set_call_size(6)  # 3 optimizer steps of 2 micro-batches
     for data in (batch(2, inf_row=1), batch(4, inf_row=7), batch(1)):
-        cb["net_outputs"] = step(*data)
+        cb["net_outputs"] = feed(step, data)
     state.on_train_step_end(context)
     assert state.status == "ok" and state.overflow_steps == 2 and state.global_step == 3
     assert state.loss_scale == SCALE / SCALE_FACTOR ** 2
@@ -166,7 +176,7 @@ def run_calls(state, calls, steps_per_call, cell=None):
         cb["train_network"] = cell
     context = RunContext(cb)
     state.on_train_begin(context)
-    state.steps_per_call = steps_per_call
+    state.set_call_size(steps_per_call)
     stops = []
     for overflowed in calls:
         if cell is not None:
@@ -247,7 +257,7 @@ def test_clipping_comes_after_unscaling(path):
             force_ascend_910b_check(step)
         step.set_train()
         before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-        result = step(*batch(1))
+        result = feed(step, batch(1))
         moved = np.sqrt(sum(((p.asnumpy() - before[p.name]) ** 2).sum()
                             for p in net.trainable_params()))
         return result, {p.name: p.asnumpy() for p in net.trainable_params()}, moved

@@ -49,7 +49,7 @@ def epoch_batch(cfg, epoch):
     images and targets in label order (each label is one image)."""
     data = train.build_data(cfg, 0, 1)
     assert data.steps_per_epoch == 1
-    dataset = train.epoch_dataset(cfg, epoch, 0, data.train_args, data.shards)
+    dataset = train.epoch_dataset(cfg, epoch, 0, data)
     batches = list(dataset.create_tuple_iterator(output_numpy=True))
     assert len(batches) == 1
     images, targets = batches[0]

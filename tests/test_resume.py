@@ -96,6 +96,7 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     reference = ms.load_checkpoint(os.path.join(full, MODERN_FINAL))
     for prefix in ("ema.", "ema_updates", "adam_m.", "adam_v."):
         assert any(n.startswith(prefix) for n in reference), prefix
+    assert not any(n.startswith("grad_accum") for n in reference)  # zero at saves: not saved
     out = str(tmp_path / "killed")
     code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL, *MODERN)
     assert code == -signal.SIGKILL

@@ -56,8 +56,9 @@ class RecordingModel:
     """Stand-in for ``Model`` in sink mode (which MindSpore runs on GPU/Ascend only): records
     each ``train`` call and moves the step count as the real one would."""
 
-    def __init__(self, state, steps_per_epoch):
+    def __init__(self, state, steps_per_epoch, accumulation=1):
         self.state, self.steps_per_epoch, self.calls = state, steps_per_epoch, []
+        self.accumulation = accumulation  # Model steps (batches) per optimizer step
 
     def train(self, epoch, dataset, callbacks, dataset_sink_mode, sink_size=-1,
               initial_epoch=0):
@@ -66,7 +67,7 @@ class RecordingModel:
                                init_step=dataset.init_step))
         stop_at = [c.step for c in callbacks if isinstance(c, StopAtStep)]
         if dataset_sink_mode:
-            self.state.global_step = epoch * sink_size
+            self.state.global_step = epoch * sink_size // self.accumulation
         else:
             self.state.global_step = stop_at[0] if stop_at else epoch * self.steps_per_epoch
 
@@ -79,9 +80,9 @@ class FakeDataset:
         self.init_step = step
 
 
-def recording_run(start_step):
+def recording_run(start_step, accumulation=1):
     """Step state, callbacks and a dataset builder that records the pipelines it builds."""
-    state = StepState(start_step)
+    state = StepState(start_step, accumulation_steps=accumulation)
     built = []
 
     def build(cfg, data):
@@ -93,10 +94,10 @@ def recording_run(start_step):
     return state, cbs, built, build
 
 
-def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4):
-    state, cbs, built, build = recording_run(start_step)
-    model = RecordingModel(state, steps_per_epoch)
-    cfg = SimpleNamespace(epoch_size=epoch_size)
+def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4, accumulation=1):
+    state, cbs, built, build = recording_run(start_step, accumulation)
+    model = RecordingModel(state, steps_per_epoch, accumulation)
+    cfg = SimpleNamespace(epoch_size=epoch_size, grad_accumulation_steps=accumulation)
     data = SimpleNamespace(steps_per_epoch=steps_per_epoch)
     stop = StopSignals(logging.getLogger("test"))
     train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=build)
@@ -110,6 +111,19 @@ def test_a_sink_mode_run_builds_one_pipeline_and_calls_model_train_once():
     assert calls[0] == dict(epoch=8, dataset=built[0], sink=True, sink_size=5, initial_epoch=0,
                             init_step=0)
     assert state.global_step == 40
+
+
+def test_with_accumulation_a_sink_call_runs_k_batches_per_optimizer_step():
+    """grad_accumulation_steps 3, sink_size 5 optimizer steps: Model.train gets calls of 15
+    batches, and a run resumed at optimizer step 13 starts the pipeline at batch 39 (the head
+    up to step 15 step by step), the sunk part at batch 45."""
+    calls, built, state = sunk_run(start_step=0, sink_size=5, accumulation=3)
+    assert calls[0]["sink_size"] == 15 and calls[0]["epoch"] == 8 and state.global_step == 40
+    assert state.model_steps_per_call == 15 and state.steps_per_call == 5
+    calls, built, state = sunk_run(start_step=13, sink_size=5, accumulation=3)
+    head, sunk = calls
+    assert not head["sink"] and head["init_step"] == 39
+    assert sunk["init_step"] == 45 and sunk["initial_epoch"] == 3 and sunk["sink_size"] == 15
 
 
 def test_a_sink_mode_run_resumed_at_an_epoch_boundary_starts_its_one_pipeline_there():
@@ -131,7 +145,7 @@ def test_a_sink_mode_run_resumed_off_a_call_boundary_trains_the_head_step_by_ste
 def lp_ft_run(start_step, switch=20, sink_size=10, steps_per_epoch=10, epoch_size=4):
     state, cbs, built, build = recording_run(start_step)
     probe, tuned = RecordingModel(state, steps_per_epoch), RecordingModel(state, steps_per_epoch)
-    train_run(SimpleNamespace(epoch_size=epoch_size), probe,
+    train_run(SimpleNamespace(epoch_size=epoch_size, grad_accumulation_steps=1), probe,
               SimpleNamespace(steps_per_epoch=steps_per_epoch), cbs, start_step, sink_size,
               StopSignals(logging.getLogger("test")), switch, lambda: tuned,
               build_dataset=build)
@@ -200,7 +214,7 @@ def sink_run(tmp_path, total_calls, sink, save_steps, steps_per_epoch=10):
     net = nn.Dense(2, 2)
     log = logging.getLogger("test")
     state = StepState()
-    state.steps_per_call = sink
+    state.set_call_size(sink)
     lr = np.full(steps_per_epoch * 2, 0.1, np.float32)
     metrics = str(tmp_path / "metrics.jsonl")
     monitor = TrainMonitor(state, lr, 8, steps_per_epoch, 10, metrics, log)

@@ -34,6 +34,8 @@ def test_benchmark_steps_prints_throughput_and_writes_nothing(script, kind, extr
     record = record_of(result.stdout)
     assert record["mode"] == f"benchmark_{kind}" and record["steps"] == 3
     assert record["images_per_step"] == images and record["img_per_s_per_device"] > 0
+    if kind == "train":  # every timed and warmup step a whole optimizer step (2 calls each)
+        assert record["optimizer_steps"] == record["warmup_steps"] + 3
     assert record["img_per_s_global"] == record["img_per_s_per_device"]  # one device
     assert f"{kind} throughput:" in result.stdout
     assert os.listdir(tmp_path) == []  # no output folder, no checkpoint, no log

@@ -101,32 +101,49 @@ def test_ema_and_overflow_parameters_are_named_for_checkpoints():
     assert OVERFLOW_COUNTER in names and not step.overflow_count.requires_grad
 
 
+def accumulated(step, image, label, k):
+    """Feed ``image``/``label`` to ``step`` as k micro-batches, one call each (as ``Model``
+    feeds them); returns the outputs of every call."""
+    size = image.shape[0] // k
+    return [step(image[i * size:(i + 1) * size], label[i * size:(i + 1) * size])
+            for i in range(k)]
+
+
 def test_accumulation_equals_one_step_on_the_whole_batch():
-    """With BatchNorm in inference mode (frozen statistics) k micro-batches of B/k give the
-    gradient of one batch of B: the mean of micro-batch means is the batch mean."""
-    image, label = batches(1, batch=12)[0]
-    results = []
-    for k in (1, 3):
-        net, opt, with_loss = make(use_batch_statistics=False)
-        step = TrainStep(with_loss, opt, accumulation_steps=k)
-        step.set_train()
-        loss = step(image, label).asnumpy()
-        results.append((loss, params(net)))
-    (loss_1, p_1), (loss_3, p_3) = results
-    np.testing.assert_allclose(loss_3, loss_1, rtol=1e-6)
-    for name in p_1:
-        np.testing.assert_allclose(p_3[name], p_1[name], rtol=1e-6, atol=1e-7, err_msg=name)
-    assert any(not np.array_equal(v, make(use_batch_statistics=False)[0].parameters_dict()[k]
-                                  .asnumpy()) for k, v in p_1.items())  # the step did update
+    """With BatchNorm in inference mode (frozen statistics) k calls on micro-batches of B/k
+    give the step of one batch of B: the mean of micro-batch means is the batch mean. The
+    optimizer steps on every k-th call only and the buffers are zero again after it; two
+    optimizer steps in a row (the second starts from cleared buffers)."""
+    data = batches(2, batch=12)
+    net_1, opt_1, with_loss_1 = make(use_batch_statistics=False)
+    whole = TrainStep(with_loss_1, opt_1).set_train()
+    net_3, opt_3, with_loss_3 = make(use_batch_statistics=False)
+    step = TrainStep(with_loss_3, opt_3, accumulation_steps=3).set_train()
+    for n, (image, label) in enumerate(data):
+        loss_1 = whole(image, label).asnumpy()
+        before = params(net_3)
+        for i in range(3):
+            loss_3 = step(image[i * 4:(i + 1) * 4], label[i * 4:(i + 1) * 4]).asnumpy()
+            moved = any(not np.array_equal(v, before[k]) for k, v in params(net_3).items())
+            assert moved == (i == 2), f"step {n + 1}, call {i + 1} of 3: weights moved {moved}"
+            assert int(opt_3.global_step.asnumpy()) == n + (i == 2)
+        np.testing.assert_allclose(loss_3, loss_1, rtol=1e-6)
+        p_1, p_3 = params(net_1), params(net_3)
+        for name in p_1:
+            np.testing.assert_allclose(p_3[name], p_1[name], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"step {n + 1}: {name}")
+        assert int(step.grad_accum_step.asnumpy()) == 0
+        assert float(step.grad_accum_loss.asnumpy()) == 0
+        assert all(not p.asnumpy().any() for p in step.grad_accum)
 
 
 def test_accumulation_differs_from_single_micro_batch():
-    """The accumulated step is not just the first micro-batch's step (guards the loop)."""
+    """The accumulated step is not just the last micro-batch's step (guards the sum)."""
     image, label = batches(1, batch=12)[0]
     net_a, opt_a, loss_a = make(use_batch_statistics=False)
-    TrainStep(loss_a, opt_a, accumulation_steps=3).set_train()(image, label)
+    accumulated(TrainStep(loss_a, opt_a, accumulation_steps=3).set_train(), image, label, 3)
     net_b, opt_b, loss_b = make(use_batch_statistics=False)
-    TrainStep(loss_b, opt_b).set_train()(image[:4], label[:4])
+    TrainStep(loss_b, opt_b).set_train()(image[8:], label[8:])
     assert not np.allclose(params(net_a)["fc.weight"], params(net_b)["fc.weight"])
 
 

@@ -11,13 +11,17 @@ docs, performance/model-optimizations/quantization, and ``quantize_static``'s do
 2. ``quantize_static`` in the QDQ format (QuantizeLinear/DequantizeLinear pairs around each
    quantized operator: the format ONNX Runtime's CPU kernels are tuned for since 1.11; at
    session start it fuses them into QLinearConv, QLinearAdd, QGemm), per-channel ``QInt8``
-   weights, ``QUInt8`` activations, no ``reduce_range``: the recommendation of
-   ``quantize_static``'s docstring for x86-64 CPUs with VNNI (asymmetric uint8 also spends
-   all 256 levels on a ReLU output's [0, max]). The classifier's output (the logits) stays
-   float32. Ranges are calibrated with MinMax over real images: ONNX Runtime's Percentile and
-   Entropy calibrators keep every activation of every calibration batch in memory (about
-   100 MB per 224 px ResNet-50 image: 25 GB for 256), and MinMax already meets the accuracy target
-   (docs/deployment.md, CIFAR-10 ResNet-18: -0.06 points top-1).
+   weights, ``QUInt8`` activations (asymmetric uint8 spends all 256 levels on a ReLU
+   output's [0, max]). ``reduce_range`` (7-bit weights) by ``quantize_reduce_range``
+   (``reduce_range_for``), following ``quantize_static``'s docstring: off on x86-64 CPUs with
+   VNNI; on x86-64 without it ONNX Runtime's uint8 x int8 kernels can saturate their integer
+   sums with 8-bit weights (measured on an AVX2-only AMD EPYC: mean logits cosine to fp32
+   0.9715 without, 0.9909 with ``reduce_range``; docs/deployment.md). The classifier's
+   output (the logits) stays float32. Ranges are calibrated with MinMax over real images:
+   ONNX Runtime's Percentile and Entropy calibrators keep every activation of every
+   calibration batch in memory (about 100 MB per 224 px ResNet-50 image: 25 GB for 256), and
+   MinMax already meets the accuracy target (docs/deployment.md, CIFAR-10 ResNet-18: -0.06
+   points top-1).
 
 The calibration images come from class folders (the training data), taken evenly over the
 classes in a fixed order, preprocessed exactly as in eval (``preprocess_images``) and fed in
@@ -30,6 +34,8 @@ W) in, float32 logits (N, class_num) out.
 import importlib
 import logging
 import os
+import platform
+import re
 import tempfile
 
 import numpy as np
@@ -211,7 +217,43 @@ def prepare_model(fp32_path, prepared_path):
     _import_quantization().quant_pre_process(model, prepared_path)
 
 
-def quantize_int8(fp32_path, int8_path, reader, workdir):
+X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo names of AVX-512 VNNI and AVX-VNNI
+
+
+def reduce_range_for(setting, cpuinfo=None, machine=None):
+    """Whether int8 weights use 7 bits (ONNX Runtime's ``reduce_range``) for
+    ``quantize_reduce_range`` ``setting``: ``true``/``false`` as given; ``auto``: true on an
+    x86-64 CPU without VNNI (AVX-512 VNNI or AVX-VNNI), whose uint8 x int8 kernels saturate
+    with 8-bit weights, false with VNNI and on other architectures (ARM's kernels do not
+    saturate). The CPU is the one exporting: export on the kind of CPU that will run the
+    model, or set it explicitly.
+
+    Args:
+        setting (str): ``auto``, ``true`` or ``false``.
+        cpuinfo (str, optional): ``/proc/cpuinfo`` text (default: read it; unreadable on
+            x86-64 counts as no VNNI).
+        machine (str, optional): ``platform.machine()`` (default: this one's).
+
+    Returns:
+        bool: reduce_range.
+    """
+    if setting != "auto":
+        return setting == "true"
+    if (machine or platform.machine()).lower() not in X86_MACHINES:
+        return False
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return True
+    match = re.search(r"^flags\s*:(.*)$", cpuinfo, re.M)
+    flags = set(match.group(1).split()) if match else set()
+    return not flags.intersection(VNNI_FLAGS)
+
+
+def quantize_int8(fp32_path, int8_path, reader, workdir, reduce_range=False):
     """Statically quantize an ONNX model with ONNX Runtime: ``prepare_model``, then
     ``quantize_static`` (QDQ, per-channel ``QInt8`` weights, ``QUInt8`` activations, MinMax
     calibration over ``reader``'s batches, the Gemm's output (the logits) left in float32;
@@ -223,13 +265,15 @@ def quantize_int8(fp32_path, int8_path, reader, workdir):
         int8_path (str): Where to write the quantized model (overwritten).
         reader (CalibrationDataReader): The calibration batches.
         workdir (str): A folder for the intermediate model.
+        reduce_range (bool): 7-bit weights (``reduce_range_for``).
     """
     quantization = _import_quantization()
     prepared = os.path.join(workdir, "prepared.onnx")
     prepare_model(fp32_path, prepared)
     quantization.quantize_static(
         prepared, int8_path, reader, quant_format=quantization.QuantFormat.QDQ,
-        per_channel=True, reduce_range=False, activation_type=quantization.QuantType.QUInt8,
+        per_channel=True, reduce_range=reduce_range,
+        activation_type=quantization.QuantType.QUInt8,
         weight_type=quantization.QuantType.QInt8,
         calibrate_method=quantization.CalibrationMethod.MinMax,
         extra_options={"OpTypesToExcludeOutputQuantization": ["Gemm"]})
@@ -246,7 +290,8 @@ def onnx_input_name(path):
     return onnx.load(path, load_external_data=False).graph.input[0].name
 
 
-def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize):
+def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize,
+                reduce_range=False):
     """Quantize an exported float32 ONNX model to ``out_path``, calibrated on ``paths``, with
     progress (``src.utils.progress``); the file appears whole or not at all (written in a temporary
     folder beside it, then renamed).
@@ -259,6 +304,7 @@ def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize)
         batch_size (int): The batch size of the export (its fixed batch dimension, if fixed).
         image_size (int): ``eval_image_size``, pixels.
         eval_resize (int): Shorter side before the crop, pixels.
+        reduce_range (bool): 7-bit weights (``reduce_range_for``).
     """
     folder = os.path.dirname(os.path.abspath(out_path))
     with tempfile.TemporaryDirectory(prefix=".quantize.", dir=folder) as workdir, \
@@ -266,5 +312,5 @@ def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize)
         reader = ImageCalibrationReader(paths, onnx_input_name(fp32_path), batch_size,
                                         image_size, eval_resize, progress)
         partial = os.path.join(workdir, "int8.onnx")
-        quantize_int8(fp32_path, partial, reader, workdir)
+        quantize_int8(fp32_path, partial, reader, workdir, reduce_range)
         os.replace(partial, out_path)

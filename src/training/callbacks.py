@@ -73,9 +73,15 @@ class StepState(Callback):
     A non-finite loss in fp32 requests a stop (``nonfinite_step`` says where). An overflowed
     step under loss scaling (GPU/Ascend) is skipped by the training cell and counted.
 
-    In dataset sink mode one call of the callbacks covers ``steps_per_call`` steps (the sink
-    size, set by train.py before each ``Model.train``); the loss, the overflow flag (so
-    ``status``) and the loss scale are those of the call's last step.
+    Steps are optimizer steps. ``Model`` counts its own steps (calls of the training cell):
+    with gradient accumulation (``accumulation_steps`` k) an optimizer step is k of them,
+    and a call of the callbacks that ends none (``step_ended`` False) changes nothing here;
+    ``OptimizerStepCallbacks`` hides such calls from the callbacks after this one. In dataset
+    sink mode one call of the callbacks covers ``steps_per_call`` optimizer steps (train.py
+    sets the call's size in ``Model`` steps with ``set_call_size`` before each
+    ``Model.train``); the loss, the overflow flag (so ``status``) and the loss scale are those
+    of the call's last step (with accumulation the loss is the mean over the last optimizer
+    step's micro-batches).
 
     Overflowed steps are counted in steps, not calls: ``TrainStep`` counts them on the device
     (its parameter ``overflow_count``, restored on resume). The counter is read at train
@@ -94,15 +100,20 @@ class StepState(Callback):
     No stop before the window holds ``OVERFLOW_WINDOW`` steps seen by this process.
 
     Args:
-        start_step (int): Steps already done (resumed runs).
+        start_step (int): Optimizer steps already done (resumed runs).
         max_overflow_fraction (float): In [0, 1]; 1 never stops.
+        accumulation_steps (int): ``Model`` steps (micro-batches) per optimizer step.
     """
 
     OVERFLOW_WINDOW = 100
 
-    def __init__(self, start_step=0, max_overflow_fraction=0.5):
+    def __init__(self, start_step=0, max_overflow_fraction=0.5, accumulation_steps=1):
         super().__init__()
+        self.accumulation_steps = accumulation_steps
+        self.model_steps_per_call = 1
         self.steps_per_call = 1
+        self.micro_steps = 0  # Model steps since the last optimizer step ended
+        self.step_ended = True  # whether the last call of the callbacks ended one
         self.global_step = start_step
         self.status, self.loss = "ok", None
         self.overflow_steps = 0
@@ -120,13 +131,25 @@ class StepState(Callback):
         """Whether training cannot go on (non-finite loss, too many overflowed steps)."""
         return bool(self.nonfinite_step or self.overflow_stop)
 
+    def set_call_size(self, model_steps):
+        """One call of the callbacks from now on covers ``model_steps`` ``Model`` steps: 1
+        step by step, the sink size in dataset sink mode (then a multiple of
+        ``accumulation_steps``)."""
+        self.model_steps_per_call = model_steps
+        self.steps_per_call = max(1, model_steps // self.accumulation_steps)
+
     def on_train_begin(self, run_context):
         self._counter = _overflow_counter(run_context.original_args())
         self._counted = self._read_counter()
 
     def on_train_step_end(self, run_context):
+        steps, self.micro_steps = divmod(self.micro_steps + self.model_steps_per_call,
+                                         self.accumulation_steps)
+        self.step_ended = steps > 0
+        if not self.step_ended:
+            return  # the call only accumulated gradients
         outputs = run_context.original_args().net_outputs
-        steps = self.steps_per_call
+        self.steps_per_call = steps
         self.global_step += steps
         self.status, self.loss = step_status(outputs)
         if isinstance(outputs, (tuple, list)) and len(outputs) > 2:
@@ -170,6 +193,57 @@ class StepState(Callback):
                                   f"{self.global_step}, loss scale {self.loss_scale}: the "
                                   f"model is not training (check the LR, the data, amp_level)")
             run_context.request_stop()
+
+
+class OptimizerStepCallbacks(Callback):
+    """Runs ``callbacks`` on optimizer steps: their step hooks see only the calls that begin
+    (``on_train_step_begin``) or end (``on_train_step_end``) an optimizer step, so with
+    gradient accumulation (k ``Model`` steps per optimizer step) progress lines, checkpoints,
+    signal stops and profiled ranges fall between optimizer steps, never inside one (where
+    the accumulated gradients would be lost). Every other hook is passed on as it comes.
+    Listed right after ``StepState``, which says where each call stands; with k = 1 every
+    call is passed on.
+
+    Args:
+        state (StepState): The per-step state.
+        callbacks (list[Callback]): Called in this order.
+        every_call (list[callable]): Called without arguments at the begin and end of every
+            call, before the callbacks (``StopSignals.install``: the signal handlers are put
+            back around every call, micro-batches included).
+    """
+
+    def __init__(self, state, callbacks, every_call=()):
+        super().__init__()
+        self.state, self.callbacks = state, list(callbacks)
+        self.every_call = list(every_call)
+
+    def _each(self, hook, run_context):
+        for callback in self.callbacks:
+            getattr(callback, hook)(run_context)
+
+    def on_train_begin(self, run_context):
+        self._each("on_train_begin", run_context)
+
+    def on_train_epoch_begin(self, run_context):
+        self._each("on_train_epoch_begin", run_context)
+
+    def on_train_step_begin(self, run_context):
+        for call in self.every_call:
+            call()
+        if self.state.micro_steps == 0:
+            self._each("on_train_step_begin", run_context)
+
+    def on_train_step_end(self, run_context):
+        for call in self.every_call:
+            call()
+        if self.state.step_ended:
+            self._each("on_train_step_end", run_context)
+
+    def on_train_epoch_end(self, run_context):
+        self._each("on_train_epoch_end", run_context)
+
+    def on_train_end(self, run_context):
+        self._each("on_train_end", run_context)
 
 
 class TrainMonitor(Callback):

@@ -9,9 +9,11 @@ import logging
 import os
 
 import mindspore as ms
+import numpy as np
 
 from src.training.lr_schedule import LR_KEYS
 from src.utils.checkpoint import (
+    GRAD_ACCUM_PREFIX,
     METADATA_KEYS,
     OVERFLOW_COUNTER,
     TRAINING_STATE_PREFIXES,
@@ -33,7 +35,8 @@ LOGGER = logging.getLogger(__name__)
 NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the config
 # Restored when present; checkpoints written before the loss scale (the overflow counter) was
 # part of the training cell lack it: the configured scale is used (the count starts at 0).
-NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER)
+# The gradient accumulation buffers are never saved (zero between optimizer steps).
+NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER, GRAD_ACCUM_PREFIX)
 RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
                "device_num", "optimizer", "trainable_layers", "freeze_bn", "layer_decay",
                "head_lr_scale", "linear_probe_epochs", "stem_pool_pad_mode", "val_split",
@@ -138,6 +141,10 @@ def restore_training_state(train_network, path, current=None):
     steps_done, config, best = stored_step(params), stored_config(params), stored_best(params)
     for name in [n for n in params if n.startswith(NOT_RESTORED)]:
         params.pop(name)  # also the LR arrays of parameter groups (learning_rate_group_*)
+    for p in train_network.get_parameters():  # never saved: a resumed run starts them at 0
+        if p.name.startswith(GRAD_ACCUM_PREFIX):
+            params[p.name] = ms.Parameter(ms.Tensor(np.zeros(p.shape, ms.dtype_to_nptype(
+                p.dtype))), name=p.name)
     ms.load_param_into_net(train_network, params, strict_load=False)
     return steps_done, config, best
 

@@ -16,15 +16,16 @@ class StopSignals(Callback):
     start-up is caught too. While a compiled step runs, MindSpore 2.10's runtime has its own
     SIGINT handler in place, which turns Ctrl-C into a SIGTERM sent to the process: a Ctrl-C
     then arrives here as SIGTERM (exit status 143 instead of 130). Ours is installed again
-    around every step (two system calls), so a Ctrl-C at start-up, between steps or during
-    evaluation arrives as SIGINT.
+    around every call of the training cell (two system calls), so a Ctrl-C at start-up,
+    between steps or during evaluation arrives as SIGINT.
 
     Data parallel (``Model``'s parallel mode with more than one device, read at
     ``on_train_begin``): every rank must stop after the same step, or the ranks still training
     block in the next gradient all-reduce and rank 0, the only one writing checkpoints, may
-    never save. So a signal is only noted when it arrives (``own``); at the end of every step
-    (every sink call in sink mode) the ranks exchange the signals they got (one all-reduce of
-    one int per rank, about 1.5 ms on CPU) and all set ``received`` after the same step: their
+    never save. So a signal is only noted when it arrives (``own``); at the end of every
+    optimizer step (every sink call in sink mode; with gradient accumulation, not between
+    micro-batches) the ranks exchange the signals they got (one all-reduce of one int per
+    rank, about 1.5 ms on CPU) and all set ``received`` after the same step: their
     own signal, or on a rank not signalled that of the lowest signalled rank, named in a log
     line. Training then stops after that step on every rank, rank 0 saves it
     (``CheckpointSaver``) and every rank exits with 128 + ``signum`` (train.py): the rank that

@@ -1,4 +1,4 @@
-"""The training step: gradients (optionally accumulated over micro-batches), loss scaling,
+"""The training step: gradients (optionally accumulated over calls), loss scaling,
 gradient clipping, the optimizer update and an exponential moving average of the weights.
 
 ``TrainStep`` replaces the cell ``Model`` builds from (network, loss, optimizer). With none of
@@ -11,7 +11,14 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore import Parameter, ParameterTuple, Tensor
 
-from src.utils.checkpoint import EMA_COUNTER, EMA_PREFIX, OVERFLOW_COUNTER
+from src.utils.checkpoint import (
+    EMA_COUNTER,
+    EMA_PREFIX,
+    GRAD_ACCUM_LOSS,
+    GRAD_ACCUM_PREFIX,
+    GRAD_ACCUM_STEP,
+    OVERFLOW_COUNTER,
+)
 
 EMA_WARMUP_POWER = 2.0 / 3.0
 
@@ -97,24 +104,34 @@ def clip_by_global_norm(grads, max_norm):
 
 
 class TrainStep(nn.TrainOneStepWithLossScaleCell):
-    """One optimizer step of ``network_with_loss``.
+    """One call: the gradients of one batch and, every ``accumulation_steps`` calls, one
+    optimizer step of ``network_with_loss``.
 
-    Inputs ``(image, label)``: image float32 (B, 3, H, W) with B = ``accumulation_steps`` x
-    the micro-batch (per device); label int32 (B,) or float32 soft targets (B, K). With
-    ``accumulation_steps`` k > 1 the batch is split into k micro-batches run one after the
-    other (BatchNorm sees micro-batch statistics, as with accumulation in PyTorch), their
-    gradients averaged and applied in one update: one call is one optimizer step, so the LR
-    schedule, checkpoints and ``metrics.jsonl`` count optimizer steps.
+    Inputs ``(image, label)``: image float32 (B, 3, H, W), B the per-device batch
+    (``batch_size``); label int32 (B,) or float32 soft targets (B, K).
 
-    Order: gradients (scaled by the loss scale) -> all-reduce in data parallel -> unscale ->
-    overflow check (GPU/Ascend with loss scaling: the step is skipped on overflow) -> clip to
-    ``grad_clip_norm`` -> optimizer -> EMA update.
+    Order of an optimizer step: gradients (scaled by the loss scale) -> all-reduce in data
+    parallel -> unscale -> overflow check (GPU/Ascend with loss scaling: the step is skipped
+    on overflow) -> clip to ``grad_clip_norm`` -> optimizer -> EMA update.
+
+    Gradient accumulation (``accumulation_steps`` k > 1), across calls as MindCV's
+    ``TrainStep`` and ModelZoo BERT's ``BertTrainAccumulationAllReducePostWithLossScaleCell``:
+    each call adds its micro-batch's (scaled) gradients and loss to buffers
+    (``grad_accum.<parameter>``, ``grad_accum_loss``) and counts itself in
+    ``grad_accum_step``; the k-th call takes their mean, runs the step above on it (so the
+    all-reduce of data parallel runs once per optimizer step, not per micro-batch) and
+    clears the buffers. Peak memory is that of one micro-batch plus one copy of the
+    gradients; BatchNorm sees micro-batch statistics, as with accumulation in PyTorch. The
+    optimizer runs once per k calls, so its ``global_step`` and the LR array it indexes count
+    optimizer steps; the callers count k ``Model`` steps per optimizer step
+    (``src.training.callbacks.StepState``) and save checkpoints only between optimizer steps,
+    when the buffers are zero (they are not saved).
 
     Overflowed steps are counted on the device in the parameter ``overflow_count`` (int32
     scalar, not trained, saved in training checkpoints and restored on resume): one per
-    skipped step, including the steps inside a dataset-sink call, whose callbacks see only
-    the last step's outputs. ``StepState`` reads it after each call; without the overflow
-    check it stays 0.
+    skipped optimizer step, including the steps inside a dataset-sink call, whose callbacks
+    see only the last step's outputs. ``StepState`` reads it after each call; without the
+    overflow check it stays 0.
 
     Args:
         network_with_loss (nn.Cell): ``(image, label) -> scalar loss``.
@@ -124,12 +141,14 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         check_overflow (bool): Check the gradients for inf/NaN and skip such steps (GPU and
             Ascend only: MindSpore has no overflow check on CPU).
         grad_clip_norm (float): Global-norm threshold, 0 = no clipping.
-        accumulation_steps (int): Micro-batches per optimizer step.
+        accumulation_steps (int): Calls (micro-batches) per optimizer step.
         ema (WeightEma, optional): Updated after every optimizer step.
 
     Outputs:
-        loss (float32 scalar, mean over the micro-batches); with loss scaling also the
-        overflow flag (bool) and the loss scale (float32), as MindSpore's loss-scale cell.
+        loss (scalar): the micro-batch's; on the call that steps the optimizer, the mean
+        over the accumulated micro-batches (float32). With the overflow check also the
+        overflow flag (bool; False on calls that only accumulate) and the loss scale
+        (float32), as MindSpore's loss-scale cell.
 
     Raises:
         ValueError: If ``accumulation_steps`` < 1 or ``grad_clip_norm`` < 0.
@@ -149,8 +168,17 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         self.accumulation_steps = accumulation_steps
         self.ema = ema
         self.mul = ops.Mul()
+        self.no_overflow = Tensor(False, ms.bool_)
         self.overflow_count = Parameter(Tensor(0, ms.int32), name=OVERFLOW_COUNTER,
                                         requires_grad=False)
+        if accumulation_steps > 1:
+            self.grad_accum = self.weights.clone(prefix=GRAD_ACCUM_PREFIX, init="zeros")
+            for buffer in self.grad_accum:
+                buffer.requires_grad = False
+            self.grad_accum_step = Parameter(Tensor(0, ms.int32), name=GRAD_ACCUM_STEP,
+                                             requires_grad=False)
+            self.grad_accum_loss = Parameter(Tensor(0.0, ms.float32), name=GRAD_ACCUM_LOSS,
+                                             requires_grad=False)
 
     def micro_batch_gradients(self, image, label, scale):
         """(loss, gradients) of one micro-batch; gradients multiplied by ``scale``."""
@@ -160,20 +188,26 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         sens = ops.ones_like(loss) * scale.astype(loss.dtype)
         return loss, self.grad(self.network, self.weights)(image, label, sens)
 
-    def gradients(self, image, label, scale):
-        """(mean loss, mean gradients) over the micro-batches of the step."""
-        k = self.accumulation_steps
-        if k == 1:
-            return self.micro_batch_gradients(image, label, scale)
-        size = image.shape[0] // k
-        loss, grads = self.micro_batch_gradients(image[:size], label[:size], scale)
-        for i in range(1, k):
-            part = slice(i * size, (i + 1) * size)
-            loss_i, grads_i = self.micro_batch_gradients(image[part], label[part], scale)
-            loss = loss + loss_i
-            grads = self.hyper_map(ops.add, grads, grads_i)
-        inv_k = Tensor(1.0 / k, ms.float32)
-        return loss * inv_k, self.hyper_map(ops.partial(self.mul, inv_k), grads)
+    def accumulate(self, image, label, scale):
+        """Add the micro-batch's loss and (scaled) gradients to the buffers; returns (its
+        loss, the count of micro-batches now accumulated)."""
+        loss, grads = self.micro_batch_gradients(image, label, scale)
+        added = self.hyper_map(ops.assign_add, self.grad_accum, grads)
+        total = ops.assign_add(self.grad_accum_loss, loss.astype(ms.float32))
+        count = ops.assign_add(self.grad_accum_step, Tensor(1, ms.int32))
+        return loss, ops.depend(ops.depend(count, added), total)
+
+    def mean_accumulated(self):
+        """(mean loss, mean gradients) of the accumulated micro-batches."""
+        inv_k = Tensor(1.0 / self.accumulation_steps, ms.float32)
+        loss = self.grad_accum_loss * inv_k
+        return loss, self.hyper_map(ops.partial(self.mul, inv_k), self.grad_accum)
+
+    def clear_accumulated(self):
+        """Zero the buffers and the count; returns a value to depend on."""
+        cleared = self.hyper_map(_clear, self.grad_accum)
+        cleared = ops.depend(ops.assign(self.grad_accum_step, Tensor(0, ms.int32)), cleared)
+        return ops.depend(ops.assign(self.grad_accum_loss, Tensor(0.0, ms.float32)), cleared)
 
     def apply(self, grads):
         """Clip, run the optimizer and the EMA; returns a value to depend on."""
@@ -184,18 +218,44 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
             done = ops.depend(self.ema(), done)
         return done
 
-    def construct(self, image, label):
-        scale = self.scale_sense
-        loss, grads = self.gradients(image, label, scale)
+    def update(self, loss, grads, scale):
+        """The optimizer step on (scaled) ``grads``: all-reduce, unscale, overflow check,
+        ``apply``. Returns (``loss``, the overflow flag)."""
         grads = self.grad_reducer(grads)
         if self.loss_scaling:
             grads = self.hyper_map(ops.partial(self.mul, ops.reciprocal(scale)), grads)
         if not self.check_overflow:
-            return ops.depend(loss, self.apply(grads))
+            return ops.depend(loss, self.apply(grads)), self.no_overflow
         status = Tensor([0] * 8, ms.int32)
-        overflow = self.process_loss_scale(self.get_overflow_status(status, grads))
-        counted = ops.assign_add(self.overflow_count, overflow.astype(ms.int32).reshape(()))
+        # a scalar, as self.no_overflow, on every path (the branches of construct must join)
+        overflow = self.process_loss_scale(self.get_overflow_status(status, grads)).reshape(())
+        counted = ops.assign_add(self.overflow_count, overflow.astype(ms.int32))
         loss = ops.depend(loss, counted)
         if not overflow:
             loss = ops.depend(loss, self.apply(grads))
-        return loss, overflow, scale
+        return loss, overflow
+
+    def construct(self, image, label):
+        scale = self.scale_sense
+        if self.accumulation_steps == 1:
+            loss, grads = self.micro_batch_gradients(image, label, scale)
+            loss, overflow = self.update(loss, grads, scale)
+        else:
+            loss, count = self.accumulate(image, label, scale)
+            overflow = self.no_overflow
+            if count >= self.accumulation_steps:
+                mean_loss, grads = self.mean_accumulated()
+                loss, overflow = self.update(mean_loss, grads, scale)
+                # cleared after the update consumed the gradients (skipped or applied)
+                loss = ops.depend(loss, self.clear_accumulated())
+        if self.check_overflow:
+            return loss, overflow, scale
+        return loss
+
+
+_clear = ops.MultitypeFuncGraph("clear")
+
+
+@_clear.register("Tensor")
+def _clear_tensor(buffer):
+    return ops.assign(buffer, ops.zeros_like(buffer))

@@ -24,12 +24,18 @@ BEST_KEY = "best_score"  # the evaluator's best so far, JSON {"top1": float, "ep
 METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
 OVERFLOW_COUNTER = "overflow_count"  # overflowed steps, counted by TrainStep on the device
+# TrainStep's gradient accumulation buffers (``grad_accum.<parameter>``, ``grad_accum_step``,
+# ``grad_accum_loss``): zero at every optimizer step's end, so never saved (``is_saved``)
+GRAD_ACCUM_PREFIX = "grad_accum"
+GRAD_ACCUM_STEP, GRAD_ACCUM_LOSS = GRAD_ACCUM_PREFIX + "_step", GRAD_ACCUM_PREFIX + "_loss"
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Names Model.train's training cell adds to the network's: optimizer state and counters.
 # Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
 # ``lamb_m.``/``lamb_v.``; the weight EMA (``src.training.train_step``): ``ema.`` and
-# ``ema_updates``; ``TrainStep``'s count of overflowed steps: ``overflow_count``.
-TRAINING_STATE_PREFIXES = ("moments.", "accum.", "adam_m.", "adam_v.", "lamb_m.", "lamb_v.",
+# ``ema_updates``; ``TrainStep``'s count of overflowed steps: ``overflow_count``, and its
+# gradient accumulation buffers.
+TRAINING_STATE_PREFIXES = ("moments.", "accum.", GRAD_ACCUM_PREFIX, "adam_m.", "adam_v.",
+                           "lamb_m.", "lamb_v.",
                            "beta1_power", "beta2_power", "learning_rate", "global_step",
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",
                            "step_num", "last_overflow_iterator_step", EMA_PREFIX,
@@ -283,14 +289,22 @@ def _mismatch_message(path, missing, unexpected, mismatched, limit=10):
     return "\n".join(lines)
 
 
+def is_saved(name):
+    """Whether a parameter named ``name`` goes into checkpoint files: all but ``TrainStep``'s
+    gradient accumulation buffers, which are zero whenever a checkpoint is saved (between
+    optimizer steps)."""
+    return not name.startswith(GRAD_ACCUM_PREFIX)
+
+
 def atomic_save_checkpoint(net, path, append_dict=None):
     """Save ``net`` to ``path`` so that a crash or power loss never leaves a truncated file
     under the final name: written to a temporary name, flushed to disk (``fsync``), renamed,
     and the folder entry flushed too.
 
     Args:
-        net (nn.Cell or list): Network (or training cell) whose parameters are saved, or a
-            list of ``{"name": str, "data": Tensor}`` as ``mindspore.save_checkpoint`` takes.
+        net (nn.Cell or list): Network (or training cell) whose parameters are saved (but
+            the gradient accumulation buffers: ``is_saved``), or a list of ``{"name": str,
+            "data": Tensor}`` as ``mindspore.save_checkpoint`` takes.
         path (str): Final ``.ckpt`` path.
         append_dict (dict, optional): Extra int/float/str entries stored in the file.
 
@@ -300,7 +314,7 @@ def atomic_save_checkpoint(net, path, append_dict=None):
     """
     partials = partial_files(path)
     try:
-        ms.save_checkpoint(net, partials[0], append_dict=append_dict)
+        ms.save_checkpoint(net, partials[0], append_dict=append_dict, choice_func=is_saved)
         _fsync(partials[0])
         os.replace(partials[0], path)
     except BaseException:

@@ -1,0 +1,169 @@
+"""Gradient accumulation across ``Model`` steps (``grad_accumulation_steps`` k): the pipeline
+gives batches of ``batch_size``, each epoch cut to whole optimizer steps; the callbacks after
+``StepState`` see optimizer steps only, so a stop signal that comes between the micro-batches
+of an optimizer step saves after it, never inside it; the accumulation buffers are not saved
+and a checkpoint without them resumes.
+
+The ``TrainStep`` side (k calls = one step on the whole batch, buffers cleared) is in
+``test_train_step.py``; overflow with accumulation in ``test_overflow.py``; data parallel in
+``test_distributed.py``; bit-exact resume of a run with k = 2 in ``test_resume.py``.
+"""
+import logging
+import os
+import signal
+
+import mindspore as ms
+import mindspore.nn as nn
+import numpy as np
+import pytest
+from mindspore.train import Callback, RunContext
+
+from src.training.callbacks import OptimizerStepCallbacks, StepState
+from src.training.resume import restore_training_state
+from src.training.saver import CheckpointSaver
+from src.training.signals import StopSignals
+from src.training.train_step import TrainStep
+from src.utils.checkpoint import GRAD_ACCUM_PREFIX
+from src.utils.config import ConfigError, parse_config
+from tests.test_train_step import Small, batches, graph_mode  # noqa: F401  (autouse)
+from train import build_data, epoch_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "data", "cifar10_sample", "train")  # 1000 images, 10 classes
+
+
+class Params(dict):
+    """Stands in for ``RunContext.original_args()``."""
+    __getattr__ = dict.__getitem__
+
+
+class Recorder(Callback):
+    """Records the step hooks it is called with, and the global step then."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state, self.seen = state, []
+
+    def on_train_step_begin(self, run_context):
+        self.seen.append(("begin", self.state.global_step))
+
+    def on_train_step_end(self, run_context):
+        self.seen.append(("end", self.state.global_step))
+
+    def on_train_epoch_end(self, run_context):
+        self.seen.append(("epoch_end", self.state.global_step))
+
+
+def drive(state, callbacks, context, calls):
+    """``calls`` step-by-step ``Model`` steps: begin and end hooks, state first."""
+    for _ in range(calls):
+        for callback in [state] + callbacks:
+            callback.on_train_step_begin(context)
+        for callback in [state] + callbacks:
+            callback.on_train_step_end(context)
+
+
+def test_callbacks_after_the_state_see_whole_optimizer_steps():
+    """k = 3, 7 Model steps: the callbacks see 3 step starts (Model steps 1, 4, 7) and 2 step
+    ends (after Model steps 3 and 6), the global step counts optimizer steps, and the other
+    hooks pass as they come."""
+    state = StepState(start_step=10, accumulation_steps=3)
+    recorder = Recorder(state)
+    gate = OptimizerStepCallbacks(state, [recorder])
+    context = RunContext(Params(net_outputs=ms.Tensor(np.float32(2.5)), cur_epoch_num=1))
+    drive(state, [gate], context, 7)
+    assert recorder.seen == [("begin", 10), ("end", 11), ("begin", 11), ("end", 12),
+                             ("begin", 12)]
+    assert state.global_step == 12 and state.micro_steps == 1 and not state.step_ended
+    gate.on_train_epoch_end(context)
+    assert recorder.seen[-1] == ("epoch_end", 12)
+    # a sink call of 2 optimizer steps (6 Model steps) after the 7th: ends steps 13 and 14
+    state.micro_steps = 0
+    state.set_call_size(6)
+    drive(state, [gate], context, 1)
+    assert state.global_step == 14 and state.steps_per_call == 2 and state.step_ended
+    assert recorder.seen[-2:] == [("begin", 12), ("end", 14)]
+
+
+def test_without_accumulation_every_call_is_passed_on():
+    state = StepState()
+    recorder = Recorder(state)
+    drive(state, [OptimizerStepCallbacks(state, [recorder])],
+          RunContext(Params(net_outputs=ms.Tensor(np.float32(1.0)))), 3)
+    assert recorder.seen == [("begin", 0), ("end", 1), ("begin", 1), ("end", 2), ("begin", 2),
+                             ("end", 3)]
+
+
+def test_a_signal_between_micro_batches_saves_after_the_optimizer_step(tmp_path):
+    """k = 2, a SIGTERM after the first micro-batch: nothing is saved and training goes on
+    until the second has stepped the optimizer; the checkpoint then holds the step, not the
+    accumulation buffers (zero then), and a fresh cell resumes from it."""
+    log = logging.getLogger("test")
+    net_and_step = make_step()
+    step = net_and_step[1]
+    state = StepState(accumulation_steps=2)
+    stop = StopSignals(log, exit_now=lambda status: None)
+    saver = CheckpointSaver(state, stop, str(tmp_path), "net", steps_per_epoch=10,
+                            total_steps=20, keep_max=5)
+    callbacks = [OptimizerStepCallbacks(state, [stop, saver])]
+    cb = Params(net_outputs=None, train_network=step, cur_epoch_num=1)
+    context = RunContext(cb)
+    for callback in [state] + callbacks:
+        callback.on_train_begin(context)
+    image, label = batches(1, batch=8)[0]
+    cb["net_outputs"] = step(image[:4], label[:4])
+    stop._handle(signal.SIGTERM, None)  # arrives while the first micro-batch's call ends
+    for callback in [state] + callbacks:
+        callback.on_train_step_end(context)
+    assert not context.get_stop_requested() and not os.listdir(tmp_path)
+    assert int(step.grad_accum_step.asnumpy()) == 1
+    cb["net_outputs"] = step(image[4:], label[4:])
+    for callback in [state] + callbacks:
+        callback.on_train_step_end(context)
+    assert context.get_stop_requested() and state.global_step == 1
+    path = tmp_path / "net-1_1.ckpt"
+    assert os.listdir(tmp_path) == [path.name]
+    saved = ms.load_checkpoint(str(path))
+    assert not [n for n in saved if n.startswith(GRAD_ACCUM_PREFIX)]
+    assert int(saved["global_step"].asnumpy()) == 1
+    _, fresh = make_step(seed=5)
+    assert restore_training_state(fresh, str(path))[0] == 1
+    for p in fresh.network.trainable_params():
+        np.testing.assert_array_equal(p.asnumpy(), saved[p.name].asnumpy(), err_msg=p.name)
+
+
+def make_step(seed=0):
+    ms.set_seed(seed)
+    net = Small()
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    step = TrainStep(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(
+        sparse=True, reduction="mean")), opt, accumulation_steps=2)
+    return net, step.set_train()
+
+
+def sample_config(*args):
+    return parse_config(["--data_path", SAMPLE, "--class_num", "10", "--num_parallel_workers",
+                         "1", "--check_images", "false", *args])
+
+
+def test_the_pipeline_gives_batch_size_batches_cut_to_whole_optimizer_steps():
+    """1000 images in batches of 32: 31 batches; k = 2 makes 15 optimizer steps, so each
+    epoch reads 30 batches (the 31st would start a step the epoch cannot finish); a resumed
+    epoch skips k batches per optimizer step done."""
+    cfg = sample_config("--batch_size", "32", "--grad_accumulation_steps", "2")
+    data = build_data(cfg, 0, 1)
+    assert (data.steps_per_epoch, data.batches_per_epoch, data.cut_epochs) == (15, 30, True)
+    dataset = epoch_dataset(cfg, 0, 0, data)
+    assert dataset.get_dataset_size() == 30
+    assert next(dataset.create_tuple_iterator(output_numpy=True))[0].shape[0] == 32
+    assert epoch_dataset(cfg, 0, 4, data).get_dataset_size() == 22
+    cfg = sample_config("--batch_size", "50", "--grad_accumulation_steps", "4")
+    data = build_data(cfg, 0, 1)
+    assert (data.steps_per_epoch, data.batches_per_epoch, data.cut_epochs) == (5, 20, False)
+
+
+def test_fewer_batches_than_one_optimizer_step_is_an_error_naming_both():
+    cfg = sample_config("--batch_size", "400", "--grad_accumulation_steps", "3")
+    with pytest.raises(ConfigError, match="gives 2 full batches of batch_size 400 per device, "
+                                          "fewer than the grad_accumulation_steps 3"):
+        build_data(cfg, 0, 1)
