@@ -145,10 +145,10 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         ema (WeightEma, optional): Updated after every optimizer step.
 
     Outputs:
-        loss (scalar): the micro-batch's; on the call that steps the optimizer, the mean
-        over the accumulated micro-batches (float32). With the overflow check also the
-        overflow flag (bool; False on calls that only accumulate) and the loss scale
-        (float32), as MindSpore's loss-scale cell.
+        loss (scalar; float32 with accumulation): the micro-batch's; on the call that steps
+        the optimizer, the mean over the accumulated micro-batches. With the overflow check
+        also the overflow flag (bool; False on calls that only accumulate) and the loss
+        scale (float32), as MindSpore's loss-scale cell.
 
     Raises:
         ValueError: If ``accumulation_steps`` < 1 or ``grad_clip_norm`` < 0.
@@ -192,8 +192,9 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         """Add the micro-batch's loss and (scaled) gradients to the buffers; returns (its
         loss, the count of micro-batches now accumulated)."""
         loss, grads = self.micro_batch_gradients(image, label, scale)
+        loss = loss.astype(ms.float32)  # as the mean of the stepping call: the branches join
         added = self.hyper_map(ops.assign_add, self.grad_accum, grads)
-        total = ops.assign_add(self.grad_accum_loss, loss.astype(ms.float32))
+        total = ops.assign_add(self.grad_accum_loss, loss)
         count = ops.assign_add(self.grad_accum_step, Tensor(1, ms.int32))
         return loss, ops.depend(ops.depend(count, added), total)
 
