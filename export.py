@@ -77,18 +77,18 @@ AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in 
 """Printed (stderr) whenever file_format AIR is chosen; MindSpore itself logs a warning."""
 
 
-def export_int8_onnx(net, dummy, cfg, calibration, out_path):
+def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False):
     """Export ``net`` as float32 ONNX into a temporary folder beside ``out_path``, then
     quantize it to ``out_path`` (``src.deploy.quantize.export_int8``), calibrated on the image
-    paths ``calibration``; with ``cfg.dynamic_batch`` both declare a symbolic batch."""
+    paths ``calibration``, with 7-bit weights if ``reduce_range`` (``reduce_range_for``); with
+    ``cfg.dynamic_batch`` both declare a symbolic batch."""
     with tempfile.TemporaryDirectory(prefix=".export.",
                                      dir=os.path.dirname(os.path.abspath(out_path))) as tmp:
         fp32 = os.path.join(tmp, "fp32")
         export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    cfg.eval_image_size, cfg.eval_resize,
-                    reduce_range_for(cfg.quantize_reduce_range))
+                    cfg.eval_image_size, cfg.eval_resize, reduce_range)
 
 
 def check_exported(path, file_format, dynamic_batch=False):
@@ -123,10 +123,11 @@ def check_exported(path, file_format, dynamic_batch=False):
                          f"({', '.join(fixed)}) although dynamic_batch is true")
 
 
-def export_checked(net, dummy, cfg, calibration):
+def export_checked(net, dummy, cfg, calibration, reduce_range=False):
     """Export to a temporary name in the target folder, load the result back
     (``check_exported``), then rename it over ``file_name`` + suffix: on any failure the
-    earlier file of that name is left as it was.
+    earlier file of that name is left as it was. With ``calibration`` (image paths) the
+    export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
 
     Returns:
         str: The exported file.
@@ -140,7 +141,8 @@ def export_checked(net, dummy, cfg, calibration):
         partial = os.path.join(tmp, "model")
         try:
             if calibration:
-                export_int8_onnx(net, dummy, cfg, calibration, partial + ".onnx")
+                export_int8_onnx(net, dummy, cfg, calibration, partial + ".onnx",
+                                 reduce_range)
             else:
                 export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
         except OSError as err:
@@ -177,9 +179,9 @@ def main(argv=None):
     folded = fold_batchnorm(net) if cfg.fold_bn else 0
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
-    final = export_checked(net, dummy, cfg, calibration)
-    bits = 7 if calibration and reduce_range_for(cfg.quantize_reduce_range) else 8
-    int8 = (f"int8 (static QDQ, {bits}-bit weights: quantize_reduce_range "
+    reduce_range = bool(calibration) and reduce_range_for(cfg.quantize_reduce_range)
+    final = export_checked(net, dummy, cfg, calibration, reduce_range)
+    int8 = (f"int8 (static QDQ, {7 if reduce_range else 8}-bit weights: quantize_reduce_range "
             f"{cfg.quantize_reduce_range}) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")
     batch = "batch" if cfg.dynamic_batch else cfg.batch_size  # the symbolic dimension's name

@@ -99,8 +99,7 @@ def test_a_signal_between_micro_batches_saves_after_the_optimizer_step(tmp_path)
     until the second has stepped the optimizer; the checkpoint then holds the step, not the
     accumulation buffers (zero then), and a fresh cell resumes from it."""
     log = logging.getLogger("test")
-    net_and_step = make_step()
-    step = net_and_step[1]
+    _, step = make_step()
     state = StepState(accumulation_steps=2)
     stop = StopSignals(log, exit_now=lambda status: None)
     saver = CheckpointSaver(state, stop, str(tmp_path), "net", steps_per_epoch=10,
