@@ -44,10 +44,12 @@ from src.deploy.report import ClassReport, plot_confusion
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.training.loss import CrossEntropySmooth
+from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
 from src.utils.files import atomic_write_text, check_output_dir
+from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
@@ -140,6 +142,9 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
+    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
+        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
+                       cfg.checkpoint_path)
     check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before the slow work
     if cfg.benchmark_steps:
         setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
@@ -152,6 +157,7 @@ def main(argv=None):
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
                              batch_size=cfg.batch_size, image_size=cfg.eval_image_size,
                              eval_resize=cfg.eval_resize,
+                             eval_interpolation=cfg.eval_interpolation,
                              num_parallel_workers=cfg.num_parallel_workers,
                              check_images=cfg.check_images, indices=indices)
     total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices)

@@ -40,6 +40,8 @@ import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exit
 
 # isort: split
 
+import json
+import logging
 import os
 import sys
 import tempfile
@@ -47,6 +49,7 @@ import tempfile
 import mindspore as ms
 import numpy as np
 
+from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy.exporting import (
     DYNAMIC_BATCH_FORMATS,
@@ -55,6 +58,7 @@ from src.deploy.exporting import (
     export_model,
 )
 from src.deploy.inference import load_mindir, load_network, load_onnx
+from src.deploy.publish import model_card, save_hub_folder, timm_config, torchvision_state
 from src.deploy.quantize import (
     check_quantize_config,
     export_int8,
@@ -62,15 +66,19 @@ from src.deploy.quantize import (
     select_calibration_images,
 )
 from src.models.bn_fold import fold_batchnorm
+from src.utils.checkpoint import pretrained_config, read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
 from src.utils.errors import WriteError
 from src.utils.files import check_output_dir
+from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 
 SECTIONS = ("network", "data", "device", "model file", "export")
 """The config.yaml sections this entry point reads (its --help lists them)."""
+
+LOGGER = logging.getLogger("export")
 
 AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in a future "
             "version); it is kept while it works on Ascend, MINDIR is the path forward")
@@ -88,7 +96,7 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False)
         export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    cfg.eval_image_size, cfg.eval_resize, reduce_range)
+                    cfg.eval_image_size, cfg.eval_resize, reduce_range, cfg.eval_interpolation)
 
 
 def check_exported(path, file_format, dynamic_batch=False):
@@ -155,11 +163,50 @@ def export_checked(net, dummy, cfg, calibration, reduce_range=False):
     return final
 
 
+def publish(cfg):
+    """``file_format SAFETENSORS``: the weights as a folder timm and torchvision load
+    (``src.deploy.publish``): ``model.safetensors``, ``config.json`` with the eval settings of
+    ``cfg`` and the class names (``class_names.txt`` beside the checkpoint, the Hub weights'
+    own, or ImageNet's at 1000 classes), and a model card with the training run's recipe
+    (stored in our checkpoints) and ``eval_result.json`` beside the checkpoint, if any.
+    BatchNorms are not folded. Returns 0."""
+    if cfg.stem_pool_pad_mode != "pad":
+        LOGGER.warning("stem_pool_pad_mode %s: timm's and torchvision's networks pool with "
+                       "padding 1 (pad); their outputs will differ from this network's",
+                       cfg.stem_pool_pad_mode)
+    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, cfg.use_ema, None,
+                       cfg.stem_pool_pad_mode)
+    names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
+    config = timm_config(cfg.net_name, cfg.class_num, cfg.eval_image_size, cfg.eval_resize,
+                         cfg.eval_interpolation, names)
+    run_config = eval_result = None
+    if not is_pretrained_source(cfg.checkpoint_path):
+        run_config = stored_config(read_checkpoint(cfg.checkpoint_path))
+        beside = os.path.join(os.path.dirname(os.path.abspath(cfg.checkpoint_path)),
+                              "eval_result.json")
+        if os.path.isfile(beside):
+            with open(beside, encoding="utf-8") as f:
+                eval_result = json.load(f)
+    card = model_card(os.path.basename(os.path.abspath(cfg.file_name)), config,
+                      cfg.checkpoint_path, run_config, eval_result)
+    state = torchvision_state(net)
+    files = save_hub_folder(cfg.file_name, state, config, card)
+    written = ", ".join(os.path.basename(f) for f in files)
+    print(f"exported {cfg.checkpoint_path} -> {cfg.file_name}/ ({written}: {len(state)} tensors "
+          f"in torchvision's names, input (N, 3, "
+          f"{cfg.eval_image_size}, {cfg.eval_image_size}), {cfg.class_num} classes); publish it "
+          f"with: hf upload ORG/NAME {cfg.file_name}")
+    return 0
+
+
 def main(argv=None):
     """Export as configured by ``argv``; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)  # calibration images
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
+    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
+        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
+                       cfg.checkpoint_path)
     if cfg.file_format == "AIR":
         print(AIR_NOTE, file=sys.stderr)
     if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
@@ -170,6 +217,9 @@ def main(argv=None):
                           f"{cfg.file_format}): pass --dynamic_batch false for AIR")
     check_quantize_config(cfg)
     check_output_dir(os.path.dirname(os.path.abspath(cfg.file_name)), "file_name's folder")
+    if cfg.file_format == "SAFETENSORS":
+        setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+        return publish(cfg)
     calibration = (select_calibration_images(cfg.calibration_data_path, cfg.calibration_images)
                    if cfg.quantize == "int8" else None)
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)

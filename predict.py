@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from src.data.class_names import default_class_names_path, read_class_names
+from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy.inference import (
     check_runtime,
@@ -38,9 +38,11 @@ from src.deploy.inference import (
     preprocess_images,
     softmax,
 )
+from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
+from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 
@@ -49,19 +51,13 @@ SECTIONS = ("network", "data", "device", "model file", "predict")
 
 
 def class_names_for(cfg, class_num):
-    """Names in label order; ``class_<i>`` when no names file is known.
+    """Names in label order (``model_class_names``); ``class_<i>`` when none is known.
 
     Raises:
-        ConfigError: If the names file lists another number of names than ``class_num``.
+        ClassNamesError: If the names found are not ``class_num``.
     """
-    path = cfg.class_names_path or default_class_names_path(cfg.checkpoint_path, class_num)
-    if path is None:
-        return [f"class_{i}" for i in range(class_num)]
-    names = read_class_names(path)
-    if len(names) != class_num:
-        raise ConfigError(f"class names file {path} lists {len(names)} names but the model has "
-                          f"{class_num} classes")
-    return names
+    names = model_class_names(cfg.checkpoint_path, class_num, cfg.class_names_path)
+    return names or [f"class_{i}" for i in range(class_num)]
 
 
 def check_class_count(cfg, outputs):
@@ -72,7 +68,8 @@ def check_class_count(cfg, outputs):
                           f"{cfg.class_num}: pass --class_num {outputs}")
 
 
-def predict_in_batches(predict, paths, batch_size, image_size, eval_resize):
+def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
+                       interpolation="bilinear"):
     """Classify images a batch at a time: only ``batch_size`` images are read and held at
     once, whatever the number of paths.
 
@@ -82,13 +79,15 @@ def predict_in_batches(predict, paths, batch_size, image_size, eval_resize):
         batch_size (int): Images read, preprocessed and predicted together.
         image_size (int): Center crop, pixels.
         eval_resize (int): Shorter side before the crop, pixels.
+        interpolation (str): The resize filter, ``bilinear`` or ``bicubic``.
 
     Yields:
         tuple(list[str], numpy.ndarray): The paths of a batch and their class probabilities,
         float (len(batch), K).
     """
     for batch in chunks(paths, batch_size):
-        yield batch, softmax(predict(preprocess_images(batch, image_size, eval_resize)))
+        yield batch, softmax(predict(preprocess_images(batch, image_size, eval_resize,
+                                                       interpolation)))
 
 
 def top_classes(probs, names, top_k):
@@ -111,6 +110,9 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
+    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
+        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
+                       cfg.checkpoint_path)
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
@@ -131,7 +133,7 @@ def main(argv=None):
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,
-                                               cfg.eval_resize):
+                                               cfg.eval_resize, cfg.eval_interpolation):
             if names is None:
                 check_class_count(cfg, probs.shape[1])
                 names = class_names_for(cfg, probs.shape[1])

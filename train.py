@@ -69,11 +69,17 @@ from src.training.resume import (
 )
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
-from src.utils.checkpoint import load_into_network, own_checkpoints, remove_stale_partials
+from src.utils.checkpoint import (
+    load_into_network,
+    own_checkpoints,
+    pretrained_config,
+    remove_stale_partials,
+)
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import all_gather_int, init_distributed, setup_device
 from src.utils.files import atomic_write_text, check_output_dir
+from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
 
@@ -249,6 +255,9 @@ def main(argv=None):
     setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
     rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num)
     log = get_logger("train", None, rank)
+    if is_pretrained_source(cfg.pre_trained):  # Hub weights: their network unless net_name set
+        cfg.fill_unset(pretrained_config(cfg.pre_trained, cfg.user_value("net_name"),
+                                         eval_settings=False), cfg.pre_trained)
     if cfg.benchmark_steps:
         return benchmark_training(cfg, device_num, log)
     lock = lock_output_dir(cfg, rank, log)  # one run per folder, before anything is written
@@ -333,6 +342,7 @@ def build_data(cfg, rank, device_num):
     """
     data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size,
                      image_size=cfg.eval_image_size, eval_resize=cfg.eval_resize,
+                     eval_interpolation=cfg.eval_interpolation,
                      num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
     train_args = train_data_args(cfg, data_args)
     eval_args = data_args

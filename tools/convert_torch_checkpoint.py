@@ -26,17 +26,15 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from src.models.resnet import create_network  # noqa: E402
-from src.utils.checkpoint import atomic_save_checkpoint, compare  # noqa: E402
+from src.utils.checkpoint import (  # noqa: E402
+    CheckpointMismatchError,
+    atomic_save_checkpoint,
+    compare,
+    infer_resnet,
+    layout_names,
+    source_names,
+)
 from src.utils.errors import UserError  # noqa: E402
-
-BN_TORCH_TO_MS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
-                  "running_var": "moving_variance"}
-BN_MS_TO_TORCH = {v: k for k, v in BN_TORCH_TO_MS.items()}
-DROPPED_TORCH_KEYS = ("num_batches_tracked",)
-# torchvision block counts per depth -> our network name
-DEPTHS = {("BasicBlock", (2, 2, 2, 2)): "resnet18", ("BasicBlock", (3, 4, 6, 3)): "resnet34",
-          ("Bottleneck", (3, 4, 6, 3)): "resnet50", ("Bottleneck", (3, 4, 23, 3)): "resnet101",
-          ("Bottleneck", (3, 8, 36, 3)): "resnet152"}
 
 
 class ConversionError(UserError, ValueError):
@@ -55,26 +53,14 @@ def unwrap_state_dict(obj):
     return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in obj.items()}
 
 
-def batchnorm_prefixes(names, marker):
-    """Module prefixes that are BatchNorms: those owning a ``marker`` tensor."""
-    suffix = "." + marker
-    return {n[:-len(suffix)] for n in names if n.endswith(suffix)}
-
-
 def torch_to_ms_names(torch_names):
-    """Map torchvision state_dict keys to our parameter names.
+    """Map torchvision state_dict keys to our parameter names (the ``torchvision`` layout of
+    ``src.utils.checkpoint``).
 
     Returns:
         dict: torch key -> MindSpore name, for every key except ``num_batches_tracked``.
     """
-    bns = batchnorm_prefixes(torch_names, "running_mean")
-    mapping = {}
-    for name in torch_names:
-        prefix, _, leaf = name.rpartition(".")
-        if leaf in DROPPED_TORCH_KEYS:
-            continue
-        mapping[name] = f"{prefix}.{BN_TORCH_TO_MS[leaf]}" if prefix in bns else name
-    return mapping
+    return layout_names(torch_names, "torchvision")
 
 
 def ms_to_torch_names(ms_names):
@@ -83,11 +69,7 @@ def ms_to_torch_names(ms_names):
     Returns:
         dict: MindSpore name -> torch key.
     """
-    mapping = {}
-    for name in ms_names:
-        prefix, _, leaf = name.rpartition(".")
-        mapping[name] = f"{prefix}.{BN_MS_TO_TORCH[leaf]}" if leaf in BN_MS_TO_TORCH else name
-    return mapping
+    return source_names(ms_names, "torchvision")
 
 
 def infer_network(ms_arrays):
@@ -96,18 +78,10 @@ def infer_network(ms_arrays):
     Raises:
         ConversionError: If the layout is not one of resnet18/34/50/101/152.
     """
-    if "fc.weight" not in ms_arrays:
-        raise ConversionError("no fc.weight: not a ResNet classifier state_dict")
-    blocks = []
-    for layer in range(1, 5):
-        indices = {n.split(".")[1] for n in ms_arrays if n.startswith(f"layer{layer}.")}
-        blocks.append(len(indices))
-    kind = "Bottleneck" if any(".conv3." in n for n in ms_arrays) else "BasicBlock"
-    key = (kind, tuple(blocks))
-    if key not in DEPTHS:
-        raise ConversionError(f"unknown ResNet layout: {kind} blocks {blocks}; known: "
-                              f"{[(k, v) for k, v in DEPTHS.items()]}")
-    return DEPTHS[key], int(ms_arrays["fc.weight"].shape[0])
+    try:
+        return infer_resnet({name: array.shape for name, array in ms_arrays.items()})
+    except CheckpointMismatchError as err:
+        raise ConversionError(str(err)) from err
 
 
 def check_against_network(ms_arrays, source):
@@ -155,8 +129,9 @@ def ms_arrays_to_torch_state(ms_arrays, source="checkpoint"):
     state = {}
     for ms_name, t_name in ms_to_torch_names(sorted(ours)).items():
         state[t_name] = torch.from_numpy(np.array(ms_arrays[ms_name], copy=True))
-    for prefix in sorted(batchnorm_prefixes(list(state), "running_mean")):
-        state[f"{prefix}.num_batches_tracked"] = torch.tensor(0, dtype=torch.long)
+    for name in sorted(n for n in state if n.endswith(".running_mean")):
+        state[name.replace("running_mean", "num_batches_tracked")] = torch.tensor(
+            0, dtype=torch.long)
     return state
 
 

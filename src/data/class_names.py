@@ -1,8 +1,9 @@
 """Class-name files: one name per line, or ``index<TAB>wnid<TAB>name`` (ImageNet list)."""
 import os
 
-from src.utils.errors import MissingFileError
+from src.utils.errors import MissingFileError, UserError
 from src.utils.files import atomic_write_text
+from src.utils.hub import is_pretrained_source, resolve_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGENET_CLASSES = os.path.join(ROOT, "data", "imagenet_classes.tsv")
@@ -38,10 +39,48 @@ def write_class_names(path, names):
     atomic_write_text(path, "".join(f"{name}\n" for name in names))
 
 
+class ClassNamesError(UserError, ValueError):
+    """A class-names list does not have one name per class of the model."""
+
+
+def model_class_names(checkpoint_path, class_num, class_names_path=""):
+    """The class names of a model, in label order: ``class_names_path`` if given, else the
+    ``label_names`` of Hub weights' ``config.json``, else ``default_class_names_path``.
+
+    Args:
+        checkpoint_path (str): The model (a file, or Hub weights: ``src.utils.hub``).
+        class_num (int): The model's class count.
+        class_names_path (str): A names file (``read_class_names``), or empty.
+
+    Returns:
+        list[str] or None: None when no names are known.
+
+    Raises:
+        ClassNamesError: If the names found are not ``class_num`` (names the source).
+        MissingFileError: If ``class_names_path`` does not exist.
+    """
+    names, source = None, class_names_path
+    if not class_names_path and is_pretrained_source(checkpoint_path):
+        names = resolve_weights(checkpoint_path).label_names
+        source = f"{checkpoint_path} (config.json label_names)"
+    if names is None:
+        source = class_names_path or default_class_names_path(checkpoint_path, class_num)
+        if source is None:
+            return None
+        names = read_class_names(source)
+    if len(names) != class_num:
+        raise ClassNamesError(f"class names {source} list {len(names)} names but the model has "
+                              f"{class_num} classes")
+    return names
+
+
 def default_class_names_path(checkpoint_path, class_num):
     """Where predict looks when no ``class_names_path`` is given: ``class_names.txt`` beside
-    the checkpoint (written by train.py), else the ImageNet list at 1000 classes, else None."""
-    beside = os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), CLASS_NAMES_FILE)
+    the checkpoint (written by train.py; in it, for a weights folder), else the ImageNet list
+    at 1000 classes, else None."""
+    folder = checkpoint_path if os.path.isdir(checkpoint_path) else os.path.dirname(
+        os.path.abspath(checkpoint_path))
+    beside = os.path.join(folder, CLASS_NAMES_FILE)
     if os.path.isfile(beside):
         return beside
     return IMAGENET_CLASSES if class_num == 1000 else None

@@ -50,7 +50,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
                    num_shards=None, shard_id=None, drop_remainder=None, shuffle=None,
                    check_images=True, auto_augment="none", randaugment_num_ops=2,
                    randaugment_magnitude=9, random_erasing=0.0, batch_transform=None,
-                   indices=None, balance_classes=False):
+                   indices=None, balance_classes=False, eval_interpolation="bilinear"):
     """Build a batched classification dataset.
 
     The augmentation arguments (``auto_augment`` to ``batch_transform``) apply to training
@@ -96,6 +96,8 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
             images as it holds (``indices``, or all), with replacement, each with probability
             proportional to 1 / (images of its class among them): every class equally often
             in expectation (``class_balance sampler``).
+        eval_interpolation (str): Eval only: the resize filter, as ``create_transforms``'s
+            ``interpolation``.
 
     With ``indices`` or ``balance_classes`` the rows come from ``src.data.sampling.
     EpochSampler``, seeded with the dataset seed (``mindspore.dataset.config.get_seed()``)
@@ -142,7 +144,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
         **sampling)
     image_ops = create_transforms(is_training, image_size, eval_resize, decoded, crop_scale,
                                   auto_augment, randaugment_num_ops, randaugment_magnitude,
-                                  random_erasing)
+                                  random_erasing, eval_interpolation)
     data = source.map(operations=image_ops, input_columns="image",
                       num_parallel_workers=num_parallel_workers)
     data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label",

@@ -18,6 +18,10 @@ IMAGENET_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 IMAGENET_STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
 
+EVAL_INTERPOLATIONS = {"bilinear": vision.Inter.BILINEAR, "bicubic": vision.Inter.BICUBIC}
+"""Eval resize filters: on the PIL images of the eval pipeline MindSpore's ``Resize`` applies
+PIL's own (``Image.BILINEAR``, ``Image.BICUBIC``), the pixels torchvision and timm get."""
+
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 """Pillow modes of 16-bit greyscale images (PNG opens as ``I;16`` or ``I``)."""
 
@@ -68,7 +72,7 @@ class DecodeRGB(vision.Decode):
 
 def create_transforms(is_training, image_size=224, eval_resize=256, decoded=False,
                       crop_scale=(0.08, 1.0), auto_augment="none", randaugment_num_ops=2,
-                      randaugment_magnitude=9, random_erasing=0.0):
+                      randaugment_magnitude=9, random_erasing=0.0, interpolation="bilinear"):
     """Per-image transforms of the ResNet recipe (torchvision / NVIDIA ImageNet).
 
     Train: random resized crop (area ``crop_scale``, default 0.08-1, aspect ratio 3/4-4/3,
@@ -77,8 +81,9 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
     then random erasing (on the normalized float32 CHW tensor): torchvision's order in its
     reference recipe (``references/classification/presets.py``).
     Eval: decode to a PIL image, resize the shorter side to ``eval_resize`` with PIL's
-    antialiased bilinear filter, center crop ``image_size``, normalize, HWC -> CHW: the same
-    pixels as torchvision's ``Resize(256)``/``CenterCrop(224)`` on PIL images (OpenCV's bilinear
+    antialiased bilinear (or bicubic: ``interpolation``) filter, center crop ``image_size``,
+    normalize, HWC -> CHW: the same pixels as torchvision's ``Resize(256)``/``CenterCrop(224)``
+    on PIL images (OpenCV's bilinear
     resize has no antialiasing and differs by 3.7 of 255 on average). Greyscale, CMYK,
     palette, 16-bit and alpha images decode to 8-bit RGB, the same pixels as in training
     (``decode_rgb``). The augmentation arguments are checked but ignored for eval.
@@ -100,6 +105,9 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
         random_erasing (float): Train only: probability of erasing one rectangle of the
             normalized image with standard normal noise (Zhong et al. 2020, "Random Erasing
             Data Augmentation"); 0 (default) adds no op. See ``RandomErasing``.
+        interpolation (str): Eval only: the resize filter, ``bilinear`` (torchvision's
+            weights) or ``bicubic`` (timm's): PIL's, as ``torchvision.transforms.Resize`` on
+            PIL images applies it.
 
     Returns:
         list: MindSpore transforms (and ``RandomErasing``, a Python callable), input encoded
@@ -108,9 +116,13 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
 
     Raises:
         ValueError: If ``auto_augment`` is unknown (lists the valid names), the RandAugment
-            arguments are out of range, or ``random_erasing`` is not in [0, 1].
+            arguments are out of range, ``random_erasing`` is not in [0, 1], or
+            ``interpolation`` is not in ``EVAL_INTERPOLATIONS``.
     """
     check_augment_args(auto_augment, randaugment_num_ops, randaugment_magnitude, random_erasing)
+    if interpolation not in EVAL_INTERPOLATIONS:
+        raise ValueError(f"eval interpolation must be one of {', '.join(EVAL_INTERPOLATIONS)}, "
+                         f"got {interpolation!r}")
     normalize = [vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD), vision.HWC2CHW()]
     if is_training:
         crop_args = dict(scale=tuple(crop_scale), ratio=(3.0 / 4.0, 4.0 / 3.0))
@@ -121,5 +133,5 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
         erasing = [RandomErasing(random_erasing)] if random_erasing > 0 else []
         return [crop, vision.RandomHorizontalFlip(prob=0.5)] + policy + normalize + erasing
     to_pil = vision.ToPIL() if decoded else DecodeRGB()
-    return [to_pil, vision.Resize(eval_resize, vision.Inter.BILINEAR),
+    return [to_pil, vision.Resize(eval_resize, EVAL_INTERPOLATIONS[interpolation]),
             vision.CenterCrop(image_size), vision.ToNumpy()] + normalize

@@ -21,6 +21,7 @@ from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
 from src.utils.config import ConfigError
 from src.utils.errors import MissingFileError, UserError, WriteError
+from src.utils.hub import is_pretrained_source
 
 LOGGER = logging.getLogger(__name__)
 
@@ -116,13 +117,14 @@ def walk_images(top):
             yield from walk_images(path)
 
 
-def preprocess_images(paths, image_size=224, eval_resize=256):
+def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bilinear"):
     """Read and preprocess images exactly as the eval pipeline does.
 
     Args:
         paths (list[str]): Image files (JPEG, PNG, BMP).
         image_size (int): Center crop, pixels.
         eval_resize (int): Shorter side before the crop, pixels.
+        interpolation (str): The resize filter, ``bilinear`` or ``bicubic`` (PIL's).
 
     Returns:
         numpy.ndarray: float32 (len(paths), 3, image_size, image_size), normalized.
@@ -130,7 +132,7 @@ def preprocess_images(paths, image_size=224, eval_resize=256):
     Raises:
         ImageFolderError: If a file cannot be decoded as an image (names the file).
     """
-    ops = create_transforms(False, image_size, eval_resize)
+    ops = create_transforms(False, image_size, eval_resize, interpolation=interpolation)
     batch = []
     for path in paths:
         image = np.fromfile(path, dtype=np.uint8)
@@ -387,6 +389,14 @@ RUNTIMES = ("mindspore", "onnxruntime")
 """Values of ``runtime``: what runs a ``.ckpt``."""
 
 
+def model_suffix(checkpoint_path):
+    """The kind of model file by suffix: ``.ckpt`` for weights in any form (a ``.ckpt``, an
+    ``hf-hub:`` id, a safetensors folder or file: ``src.utils.hub``), else the suffix."""
+    if is_pretrained_source(checkpoint_path):
+        return ".ckpt"
+    return os.path.splitext(checkpoint_path)[1]
+
+
 def model_runtime(checkpoint_path, runtime="mindspore"):
     """The runtime that runs a model file: ``onnxruntime`` for an ``.onnx``, ``mindspore``
     for a ``.mindir``, ``runtime`` for a ``.ckpt`` (for the output of eval and predict).
@@ -394,8 +404,8 @@ def model_runtime(checkpoint_path, runtime="mindspore"):
     Returns:
         str: ``mindspore`` or ``onnxruntime``.
     """
-    suffix = os.path.splitext(checkpoint_path)[1]
-    return {".onnx": "onnxruntime", ".mindir": "mindspore"}.get(suffix, runtime)
+    return {".onnx": "onnxruntime", ".mindir": "mindspore"}.get(model_suffix(checkpoint_path),
+                                                                  runtime)
 
 
 def check_runtime(checkpoint_path, runtime, device_target=None):
@@ -432,8 +442,9 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=Tru
     preprocessed as in eval -> float32 numpy logits (N, class_num), any N.
 
     Args:
-        checkpoint_path (str): ``.ckpt`` (MindSpore, or ONNX Runtime with ``runtime``),
-            ``.mindir`` (``nn.GraphCell``) or ``.onnx`` (ONNX Runtime).
+        checkpoint_path (str): ``.ckpt`` or Hub weights (``hf-hub:`` id, safetensors folder
+            or file), run in MindSpore, or ONNX Runtime with ``runtime``; ``.mindir``
+            (``nn.GraphCell``) or ``.onnx`` (ONNX Runtime).
         net_name (str): ``.ckpt`` only: the architecture.
         class_num (int): ``.ckpt`` only: the classifier outputs.
         batch_size (int): Images per forward pass, at most. An exported model with a fixed
@@ -454,7 +465,7 @@ def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=Tru
         MissingFileError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
             ``load_onnx``.
     """
-    suffix = os.path.splitext(checkpoint_path)[1]
+    suffix = model_suffix(checkpoint_path)
     if suffix not in PREDICTORS:
         raise ConfigError(f"checkpoint_path {checkpoint_path!r}: expected a "
                           f"{', '.join(PREDICTORS)} file")

@@ -14,8 +14,18 @@ import os
 import re
 
 import mindspore as ms
+import numpy as np
 
 from src.utils.errors import MissingFileError, UserError
+from src.utils.hub import (
+    PretrainedMismatchError,
+    check_architecture,
+    is_pretrained_source,
+    pretrained_eval_settings,
+    read_safetensors,
+    resolve_weights,
+    safetensors_shapes,
+)
 
 CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
@@ -64,6 +74,18 @@ SOURCE_LAYOUTS = {
                            "mean_grad.", "mean_square.", "moment.", "stat."),
         "network": {"stem_pool_pad_mode": "same"},
     },
+    "torchvision": {
+        # torchvision/models/resnet.py and timm/models/resnet.py (its plain resnet18-152):
+        # a state_dict with BatchNorm ``weight``/``bias``/``running_mean``/``running_var``,
+        # convolution and ``fc`` names as ours; ``num_batches_tracked`` has no counterpart.
+        # Their stem pool is ``nn.MaxPool2d(3, 2, padding=1)``. Used by the Hub weights
+        # (``src.utils.hub``) and tools/convert_torch_checkpoint.py, both directions.
+        "renames": {"running_mean": "moving_mean", "running_var": "moving_variance"},
+        "batchnorm": {"weight": "gamma", "bias": "beta"},
+        "training_state": (),
+        "dropped_leaves": ("num_batches_tracked",),
+        "network": {"stem_pool_pad_mode": "pad"},
+    },
 }
 NETWORK_ATTRIBUTES = ("stem_pool_pad_mode",)
 """Config keys that change a network's output but none of its parameters, kept on the network
@@ -80,13 +102,96 @@ class CheckpointMismatchError(CheckpointError):
     """A checkpoint's parameters do not match the network's (names or shapes)."""
 
 
+RESNET_DEPTHS = {("BasicBlock", (2, 2, 2, 2)): "resnet18",
+                 ("BasicBlock", (3, 4, 6, 3)): "resnet34",
+                 ("Bottleneck", (3, 4, 6, 3)): "resnet50",
+                 ("Bottleneck", (3, 4, 23, 3)): "resnet101",
+                 ("Bottleneck", (3, 8, 36, 3)): "resnet152"}
+"""(block type, blocks per stage) -> ``net_name`` (He et al. 2016, Table 1)."""
+
+
+def infer_resnet(shapes):
+    """The network a set of ResNet weights fits, from its block counts and classifier.
+
+    Args:
+        shapes (dict): Tensor name (ours, torchvision's or MindCV's) -> shape.
+
+    Returns:
+        tuple(str, int): (``net_name``, class count).
+
+    Raises:
+        CheckpointMismatchError: If there is no ``fc``/``classifier`` weight or the blocks
+            are not those of resnet18/34/50/101/152 (names the block counts).
+    """
+    classifier = next((shapes[n] for n in ("fc.weight", "classifier.weight") if n in shapes),
+                      None)
+    if classifier is None:
+        raise CheckpointMismatchError("no fc.weight: not a ResNet classifier's weights")
+    blocks = tuple(len({n.split(".")[1] for n in shapes if n.startswith(f"layer{stage}.")})
+                   for stage in range(1, 5))
+    kind = "Bottleneck" if any(".conv3." in n for n in shapes) else "BasicBlock"
+    if (kind, blocks) not in RESNET_DEPTHS:
+        raise CheckpointMismatchError(
+            f"weights of an unknown ResNet layout ({kind} blocks {list(blocks)}): this package "
+            f"builds {', '.join(f'{v} ({k[0]} {list(k[1])})' for k, v in RESNET_DEPTHS.items())}")
+    return RESNET_DEPTHS[(kind, blocks)], int(classifier[0])
+
+
+def pretrained_config(source, net_name=None, eval_settings=True):
+    """The config values that weights in the Hub form carry (``src.utils.hub``).
+
+    Args:
+        source (str): ``hf-hub:`` id, folder or ``.safetensors`` file.
+        net_name (str, optional): The network the user asked for: checked against the
+            weights'. None: not checked.
+        eval_settings (bool): Also ``class_num`` and the eval preprocessing (eval, predict,
+            export); False: ``net_name`` only (fine-tuning keeps its own classes).
+
+    Returns:
+        dict: ``net_name`` (``config.json``'s architecture, else the tensors' block counts),
+        and with ``eval_settings`` ``class_num`` (the classifier's rows) and
+        ``eval_image_size`` / ``eval_resize`` / ``eval_interpolation``
+        (``pretrained_eval_settings``).
+
+    Raises:
+        HubError, MissingFileError: If the weights cannot be had.
+        PretrainedMismatchError: If they are of a network this package does not build, of
+            another one than ``net_name``, or ask for another normalization.
+        CheckpointMismatchError: If their tensors are of no ResNet depth built here.
+    """
+    weights = resolve_weights(source)
+    shapes = safetensors_shapes(weights)
+    layout = source_layout(shapes)
+    names = layout_names(shapes, layout) if layout else {n: n for n in shapes}
+    inferred, classes = infer_resnet({names[n]: s for n, s in shapes.items() if n in names})
+    arch = check_architecture(weights, net_name) or inferred
+    if net_name is not None and inferred != net_name:
+        raise PretrainedMismatchError(f"{source} holds the tensors of a {inferred} but net_name "
+                                      f"is {net_name}: pass --net_name {inferred}")
+    values = {"net_name": arch}
+    if eval_settings:
+        values["class_num"] = classes
+        values.update(pretrained_eval_settings(weights))
+    return values
+
+
 def read_checkpoint(path):
-    """Read a ``.ckpt`` file into a dict of name -> Parameter (``run_config``: str).
+    """Read a ``.ckpt`` file, or weights in the Hub form (``hf-hub:`` id, folder,
+    ``.safetensors``: ``src.utils.hub``), into a dict of name -> Parameter (``run_config``:
+    str). Safetensors floats are widened to float32 (exactly); their names are left as the
+    file has them (``to_network_names`` maps them).
 
     Raises:
         MissingFileError: If ``path`` does not exist.
         CheckpointError: If the file cannot be read as a MindSpore checkpoint (names the file).
+        HubError, PretrainedMismatchError: For Hub weights (``src.utils.hub``).
     """
+    if is_pretrained_source(path):
+        weights = resolve_weights(path)
+        check_architecture(weights)
+        return {name: ms.Parameter(ms.Tensor(array.astype(np.float32) if array.dtype.kind == "f"
+                                             else array), name=name)
+                for name, array in read_safetensors(weights).items()}
     if not os.path.isfile(path):
         raise MissingFileError(f"checkpoint not found: {path}")
     try:
@@ -163,13 +268,55 @@ def source_layout(params):
     return None
 
 
+def layout_names(names, layout):
+    """Map the names of a ``SOURCE_LAYOUTS`` layout to ours, one name at a time.
+
+    Args:
+        names (iterable[str]): The source's tensor names.
+        layout (str): A ``SOURCE_LAYOUTS`` key.
+
+    Returns:
+        dict: source name -> our name, for every name but the layout's ``dropped_leaves``.
+    """
+    spec = SOURCE_LAYOUTS[layout]
+    names = list(names)
+    batchnorms = {n.rsplit(".", 1)[0] for n in names
+                  if n.endswith(".running_mean")} if spec.get("batchnorm") else set()
+    mapping = {}
+    for name in names:
+        prefix, _, leaf = name.rpartition(".")
+        if leaf in spec.get("dropped_leaves", ()):
+            continue
+        parts = [spec["renames"].get(part, part) for part in name.split(".")]
+        if prefix in batchnorms:
+            parts[-1] = spec["batchnorm"].get(leaf, parts[-1])
+        mapping[name] = ".".join(parts)
+    return mapping
+
+
+def source_names(names, layout):
+    """Map our parameter names to a ``SOURCE_LAYOUTS`` layout's (``layout_names`` inverted).
+
+    Args:
+        names (iterable[str]): Our names (network parameters).
+        layout (str): A ``SOURCE_LAYOUTS`` key.
+
+    Returns:
+        dict: our name -> source name.
+    """
+    spec = SOURCE_LAYOUTS[layout]
+    back = {v: k for k, v in {**spec["renames"], **spec.get("batchnorm", {})}.items()}
+    return {name: ".".join(back.get(part, part) for part in name.split(".")) for name in names}
+
+
 def to_network_names(params, path=""):
     """Rename the parameters of a checkpoint of another code base (``SOURCE_LAYOUTS``) to ours
     and drop its optimizer and training-state entries; logs one line naming the mapping.
     Checkpoints in our layout are returned unchanged.
 
     Source: MindCV 0.3.0 ``mindcv/models/resnet.py`` (names), ``mindcv/utils/train_step.py``
-    and ``mindcv/optim`` (training state saved with the network).
+    and ``mindcv/optim`` (training state saved with the network); torchvision's
+    ``models/resnet.py`` state_dict names (timm's plain ResNets use the same).
 
     Args:
         params (dict): Checkpoint names -> values, as ``read_checkpoint`` returns.
@@ -184,20 +331,26 @@ def to_network_names(params, path=""):
         return params, None
     spec = SOURCE_LAYOUTS[layout]
     state = tuple(spec["training_state"]) + TRAINING_STATE_PREFIXES
-    dropped = {n for n in params if n.startswith(state) and not n.startswith(EMA_PREFIX)}
+    kept = [n for n in params if not n.startswith(state) or n.startswith(EMA_PREFIX)]
+    mapping = layout_names(kept, layout)
+    dropped = set(params) - set(mapping)
     renamed, count = {}, 0
-    for name, value in params.items():
-        if name in dropped:
-            continue
-        new = ".".join(spec["renames"].get(part, part) for part in name.split("."))
+    for name, new in mapping.items():
+        value = params[name]
         count += new != name
         if isinstance(value, ms.Parameter):
             value.name = new
         renamed[new] = value
-    mapping = ", ".join(f"{old} -> {new}" for old, new in spec["renames"].items())
-    LOGGER.info("%s checkpoint %s: renamed %s (%d tensors)%s", layout, path, mapping, count,
-                f"; dropped {len(dropped)} optimizer/training-state entries "
-                f"({_prefixes(dropped)})" if dropped else "")
+    rules = ", ".join(f"{old} -> {new}" for old, new in {**spec["renames"],
+                                                           **spec.get("batchnorm", {})}.items())
+    leaves = {n for n in dropped if n.rpartition(".")[2] in spec.get("dropped_leaves", ())}
+    state_entries = dropped - leaves
+    LOGGER.info("%s checkpoint %s: renamed %s (%d tensors)%s%s", layout, path, rules, count,
+                f"; dropped {len(state_entries)} optimizer/training-state entries "
+                f"({_prefixes(state_entries)})" if state_entries else "",
+                f"; dropped {len(leaves)} "
+                f"{'/'.join(sorted({n.rpartition('.')[2] for n in leaves}))} entries "
+                f"(no counterpart here)" if leaves else "")
     return renamed, layout
 
 

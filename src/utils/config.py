@@ -8,6 +8,7 @@ of keys with a closed set. Same layout as ModelZoo's ``*_config.yaml`` files.
 Override order, later wins: ``config.yaml`` < ``--config_path FILE`` < command-line flags.
 """
 import argparse
+import logging
 import math
 import os
 import re
@@ -41,6 +42,7 @@ RENAMED = {"image_size": "train_image_size (training crop) and eval_image_size (
                          "predict)"}
 """Keys of earlier versions and what replaced them, named in the unknown-key error."""
 SECTION = re.compile(r"^# -+ (.+?) -+$")
+LOGGER = logging.getLogger(__name__)
 
 
 class ConfigError(UserError, ValueError):
@@ -48,7 +50,14 @@ class ConfigError(UserError, ValueError):
 
 
 class Config(dict):
-    """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``)."""
+    """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``).
+
+    Attributes:
+        user_keys (frozenset[str]): The keys the user set, in the recipe file
+            (``--config_path``) or on the command line; the others hold config.yaml's default.
+    """
+
+    user_keys = frozenset()
 
     def __getattr__(self, key):
         try:
@@ -59,6 +68,34 @@ class Config(dict):
     def to_yaml(self):
         """Return the config as YAML text, keys in schema order."""
         return yaml.safe_dump(dict(self), sort_keys=False, default_flow_style=None)
+
+    def user_value(self, key):
+        """The value of ``key`` if the user set it (``user_keys``), else None."""
+        return self[key] if key in self.user_keys else None
+
+    def fill_unset(self, values, origin=None):
+        """Set the keys of ``values`` that the user did not set (``user_keys``); with
+        ``origin``, log one line saying which values were taken from it and which the user's
+        set values overrode.
+
+        Args:
+            values (dict): Key -> value, e.g. the eval settings of pretrained weights.
+            origin (str, optional): Where ``values`` come from, for the log line.
+
+        Returns:
+            tuple(dict, dict): the values taken, and the user's values kept instead of
+            ``values``' (those that differ), each key -> value.
+        """
+        taken = {k: v for k, v in values.items() if k not in self.user_keys}
+        kept = {k: self[k] for k, v in values.items() if k in self.user_keys and self[k] != v}
+        self.update(taken)
+        if origin:
+            LOGGER.info("%s: %s%s", origin,
+                        "taken from it: " + ", ".join(f"{k} {v}" for k, v in taken.items())
+                        if taken else "nothing taken from it",
+                        "; kept as set: " + ", ".join(f"{k} {v} (it gives {values[k]})"
+                                                      for k, v in kept.items()) if kept else "")
+        return taken, kept
 
 
 def load_schema(path=DEFAULT_CONFIG):
@@ -301,7 +338,7 @@ def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAU
 
     Returns:
         Config: every key of config.yaml with its resolved, type-checked value, plus
-        ``config_path``.
+        ``config_path``; ``user_keys`` names those set in the recipe file or the flags.
 
     Raises:
         ConfigError: For an unknown key, a value of the wrong type, outside its choices or
@@ -314,10 +351,12 @@ def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAU
     flags = vars(args)
     config_path = flags.pop("config_path")
     cfg = Config(defaults)
+    recipe = {}
     if os.path.abspath(config_path) != os.path.abspath(schema_path):
-        recipe = _read_yaml_documents(config_path)
-        merge(cfg, recipe[0] if recipe else {}, defaults, choices, config_path)
+        recipe = (_read_yaml_documents(config_path) or [{}])[0]
+        merge(cfg, recipe, defaults, choices, config_path)
     merge(cfg, flags, defaults, choices, "command line")
     check_values(cfg)
     cfg["config_path"] = config_path
+    cfg.user_keys = frozenset(recipe) | frozenset(flags)
     return cfg

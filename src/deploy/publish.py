@@ -1,0 +1,176 @@
+"""Publishing weights as timm and torchvision users load them: a folder of ``model.safetensors``
+(torchvision's / timm's tensor names), ``config.json`` (timm's format) and a ``README.md``
+model card, what ``export.py --file_format SAFETENSORS`` writes and ``hf upload`` sends.
+
+The format is timm's (``timm/models/_hub.py``: ``save_for_hf``, ``save_config``): the state
+dict in safetensors, and a config with ``architecture``, ``num_classes``, ``num_features``,
+``global_pool``, ``label_names`` and the weights' ``pretrained_cfg`` (input size,
+``crop_pct``, ``interpolation``, mean, std), which timm's eval transform reads back.
+"""
+import json
+import math
+import os
+
+import numpy as np
+
+from src.utils.checkpoint import source_names
+from src.utils.errors import WriteError
+from src.utils.files import atomic_write_text
+from src.utils.hub import CONFIG_FILE, IMAGENET_MEAN, IMAGENET_STD, WEIGHTS_FILE
+
+CARD_FILE = "README.md"
+NUM_FEATURES = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048,
+                "resnet152": 2048}
+"""Channels entering the classifier, per network (timm's ``num_features``)."""
+
+
+def torchvision_state(net):
+    """A network's weights as torchvision's ``ResNet.state_dict()`` names them.
+
+    Args:
+        net (nn.Cell): One of ours (``src.models.resnet``), its weights as loaded.
+
+    Returns:
+        dict[str, numpy.ndarray]: float32 arrays under torchvision's names (BatchNorm
+        ``weight``/``bias``/``running_mean``/``running_var``), plus ``num_batches_tracked``
+        int64 0 per BatchNorm (torch's counter, which MindSpore does not keep), so that
+        ``load_state_dict(strict=True)`` takes it.
+    """
+    params = {p.name: p for p in net.get_parameters()}
+    names = source_names(params, "torchvision")
+    state = {names[n]: np.ascontiguousarray(p.asnumpy(), dtype=np.float32)
+             for n, p in params.items()}
+    for name in [n for n in state if n.endswith(".running_mean")]:
+        state[name[:-len("running_mean")] + "num_batches_tracked"] = np.array(0, np.int64)
+    return dict(sorted(state.items()))
+
+
+def crop_pct_for(image_size, eval_resize):
+    """timm's ``crop_pct`` for a resize-then-crop: the largest float whose
+    ``floor(image_size / crop_pct)`` (timm's eval transform) is ``eval_resize``."""
+    crop_pct = image_size / eval_resize
+    while math.floor(image_size / crop_pct) < eval_resize:
+        crop_pct = float(np.nextafter(crop_pct, 0.0))
+    return crop_pct
+
+
+def timm_config(net_name, class_num, image_size, eval_resize, interpolation, label_names=None):
+    """``config.json`` in timm's format for our weights.
+
+    Args:
+        net_name (str): ``resnet18`` .. ``resnet152`` (timm's architecture names).
+        class_num (int): Classifier outputs.
+        image_size (int): Eval center crop, pixels (``eval_image_size``).
+        eval_resize (int): Shorter side before the crop, pixels.
+        interpolation (str): ``bilinear`` or ``bicubic``.
+        label_names (list[str], optional): Class names in label order.
+
+    Returns:
+        dict: JSON-serializable config.
+    """
+    pool = math.ceil(image_size / 32)
+    config = {"architecture": net_name, "num_classes": class_num,
+              "num_features": NUM_FEATURES[net_name], "global_pool": "avg"}
+    if label_names:
+        config["label_names"] = list(label_names)
+    config["pretrained_cfg"] = {
+        "tag": "", "custom_load": False, "input_size": [3, image_size, image_size],
+        "fixed_input_size": False, "interpolation": interpolation,
+        "crop_pct": crop_pct_for(image_size, eval_resize), "crop_mode": "center",
+        "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "num_classes": class_num,
+        "pool_size": [pool, pool], "first_conv": "conv1", "classifier": "fc"}
+    return config
+
+
+def model_card(repo_name, config, source, run_config=None, eval_result=None,
+               license_id="other"):
+    """A ``README.md`` model card (Hugging Face's front matter, then prose).
+
+    Args:
+        repo_name (str): The folder's name, used in the loading examples.
+        config (dict): As ``timm_config`` returns.
+        source (str): The checkpoint the weights come from.
+        run_config (dict, optional): The training run's resolved config (stored in our
+            training checkpoints): data, recipe.
+        eval_result (dict, optional): ``eval_result.json`` of an eval.py run of these weights.
+        license_id (str): The card's ``license`` field (an SPDX id or ``other``).
+
+    Returns:
+        str: Markdown.
+    """
+    arch, pcfg = config["architecture"], config["pretrained_cfg"]
+    origin = ("trained with MindSpore (this package) and exported" if run_config
+              else "exported with this MindSpore package")
+    lines = ["---", "tags:", "- image-classification", "- timm", "- mindspore",
+             "library_name: timm", f"license: {license_id}", "---", "",
+             f"# {repo_name}", "",
+             f"A {arch} image classifier ({config['num_classes']} classes) of torchvision's "
+             f"ResNet structure, {origin} from `{source}`.", "", "## Training", ""]
+    if run_config:
+        keys = ("data_path", "dataset", "class_num", "epoch_size", "batch_size", "device_num",
+                "optimizer", "base_lr", "lr_schedule", "weight_decay", "label_smoothing",
+                "train_image_size", "auto_augment", "mixup_alpha", "cutmix_alpha",
+                "ema_decay", "pre_trained", "config_path")
+        lines += [f"- `{k}`: {run_config[k]}" for k in keys if run_config.get(k) not in
+                  (None, "")]
+    else:
+        lines.append("Not recorded in the checkpoint.")
+    lines += ["", "## Evaluation", ""]
+    if eval_result:
+        lines.append(f"top-1 {eval_result['top1']:.4f}, top-5 {eval_result['top5']:.4f} on "
+                     f"{eval_result['images']} images of `{eval_result.get('data_path', '?')}`"
+                     f" (eval.py, {eval_result.get('runtime', 'mindspore')}).")
+    else:
+        lines.append("No eval_result.json was found beside the checkpoint.")
+    size = pcfg["input_size"][-1]
+    lines += ["", f"Preprocessing: resize the shorter side to "
+                  f"{math.floor(size / pcfg['crop_pct'])} px ({pcfg['interpolation']}), center "
+                  f"crop {size} px, ImageNet mean/std normalization of 0-1 RGB pixels.", "",
+              "## Use", "", "MindSpore (this package):", "", "```bash",
+              f"python predict.py --checkpoint_path {repo_name} --image_path photo.jpg",
+              f"python train.py --pre_trained {repo_name} --data_path FOLDER --class_num N",
+              "```", "", "timm:", "", "```python", "import timm",
+              f"model = timm.create_model('local-dir:{repo_name}', pretrained=True)",
+              "# from the Hub after `hf upload ORG/NAME " + repo_name + "`:",
+              "# timm.create_model('hf-hub:ORG/NAME', pretrained=True)", "```", "",
+              "torchvision:", "", "```python", "import torchvision",
+              "from safetensors.torch import load_file",
+              f"model = torchvision.models.{arch}(num_classes={config['num_classes']})",
+              f"model.load_state_dict(load_file('{repo_name}/{WEIGHTS_FILE}'))", "```", ""]
+    return "\n".join(lines)
+
+
+def save_hub_folder(folder, state, config, card):
+    """Write ``model.safetensors``, ``config.json`` and ``README.md`` into ``folder``, each
+    file whole or not at all (temporary name, flushed, renamed).
+
+    Args:
+        folder (str): Created if missing.
+        state (dict[str, numpy.ndarray]): As ``torchvision_state`` returns.
+        config (dict): As ``timm_config`` returns.
+        card (str): As ``model_card`` returns.
+
+    Returns:
+        list[str]: The files written.
+
+    Raises:
+        WriteError: Naming the file that could not be written; an earlier file of that name
+            is left as it was.
+    """
+    from safetensors.numpy import save_file
+    os.makedirs(folder, exist_ok=True)
+    weights = os.path.join(folder, WEIGHTS_FILE)
+    partial = weights + ".partial"
+    try:
+        save_file(state, partial, metadata={"format": "pt"})  # timm's and transformers' tag
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, weights)
+    except Exception as err:  # noqa: BLE001  OSError, safetensors' SafetensorError alike
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise WriteError(f"cannot write {weights}: {err.strerror or err}") from err
+    files = [weights, os.path.join(folder, CONFIG_FILE), os.path.join(folder, CARD_FILE)]
+    atomic_write_text(files[1], json.dumps(config, indent=2) + "\n")
+    atomic_write_text(files[2], card)
+    return files
