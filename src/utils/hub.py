@@ -17,6 +17,7 @@ crop_pct, interpolation, mean, std), used by ``pretrained_eval_settings``.
 """
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -152,8 +153,11 @@ def _download(source):
     )
     at = f" at revision {revision}" if revision else ""
     files = []
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
     for name in (WEIGHTS_FILE, CONFIG_FILE):
         try:
+            hub_logger.setLevel(logging.ERROR)  # its retry warnings: our error says it all
             files.append(hf_hub_download(repo_id, name, revision=revision))
         except GatedRepoError as err:
             raise HubError(f"{source}: the repository is gated: accept its terms on its Hub "
@@ -184,6 +188,8 @@ def _download(source):
             raise HubError(f"{source}: downloading {name}{at} failed: "
                            f"{str(err).splitlines()[0]} (run again to retry; the cache keeps "
                            f"no incomplete file)") from err
+        finally:
+            hub_logger.setLevel(level)
     return files[0], files[1]
 
 
