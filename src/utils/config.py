@@ -89,7 +89,7 @@ class Config(dict):
         taken = {k: v for k, v in values.items() if k not in self.user_keys}
         kept = {k: self[k] for k, v in values.items() if k in self.user_keys and self[k] != v}
         self.update(taken)
-        if origin:
+        if origin and (taken or kept):
             LOGGER.info("%s: %s%s", origin,
                         "taken from it: " + ", ".join(f"{k} {v}" for k, v in taken.items())
                         if taken else "nothing taken from it",
