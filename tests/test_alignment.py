@@ -146,18 +146,23 @@ def step_against_torch(step_batch, train):
     initial = {k: v.numpy().copy() for k, v in tnet.state_dict().items()}
     t_loss, t_grads, t_state = torch_steps(tnet, images, labels, 0.1, train=train)
     _, f_grads, f_state = torch_steps(tnet, images, labels, 0.1, train=train, channels_last=True)
+    _, e_grads, e_state = torch_steps(copy.deepcopy(tnet).double(), images.astype(np.float64),
+                                      labels, 0.1, train=train)
     loss, grads, state = ms_steps(net, images, labels, 0.1, 10, train=train)
     keys = sorted(grads[0])
     updates = {name: {k: st[k] - initial[k] for k in keys} for name, st in
-               (("ours", state), ("torch", t_state), ("floor", f_state))}
+               (("ours", state), ("torch", t_state), ("floor", f_state), ("exact", e_state))}
     stats = [k for k in state if k.endswith(("running_mean", "running_var"))]
     return {"loss": loss[0], "t_loss": t_loss[0], "n": len(keys),
             "grad": global_rel_l2(grads[0], t_grads[0], keys),
             "grad_floor": global_rel_l2(f_grads[0], t_grads[0], keys),
+            "grad_exact": global_rel_l2(grads[0], e_grads[0], keys),
+            "torch_grad_exact": global_rel_l2(t_grads[0], e_grads[0], keys),
             "grad_worst": worst_and_median(grads[0], t_grads[0], keys),
             "grad_worst_floor": worst_and_median(f_grads[0], t_grads[0], keys),
             "update": global_rel_l2(updates["ours"], updates["torch"], keys),
             "update_floor": global_rel_l2(updates["floor"], updates["torch"], keys),
+            "update_exact": global_rel_l2(updates["ours"], updates["exact"], keys),
             "stats": max(max_rel_diff(state[k], t_state[k]) for k in stats)}
 
 
@@ -167,18 +172,23 @@ def report(title, r):
           f"per-tensor worst/median {r['grad_worst'][0]:.2e}/{r['grad_worst'][1]:.2e} (torch "
           f"{r['grad_worst_floor'][0]:.2e}/{r['grad_worst_floor'][1]:.2e}); parameter updates "
           f"rel L2 {r['update']:.2e} (torch {r['update_floor']:.2e}); BN running stats worst "
-          f"rel diff {r['stats']:.2e}")
+          f"rel diff {r['stats']:.2e}; against torch in float64: gradients ours "
+          f"{r['grad_exact']:.2e}, torch {r['torch_grad_exact']:.2e}, updates ours "
+          f"{r['update_exact']:.2e}")
 
 
 def test_frozen_bn_step_equals_torch(step_batch):
     """BatchNorm on its running statistics (random, away from 0/1), as when fine-tuning with
-    frozen BN: no batch coupling, so gradients and updates must agree to float32 rounding."""
+    frozen BN: no batch coupling, so gradients and updates must agree to float32 rounding
+    with the same step computed by torch in float64. (torch's own float32 kernels need not:
+    on an Intel AVX-512 CPU with oneDNN capped at AVX2, torch's NCHW gradients differ from its
+    float64 ones by 4.7e-4 while ours and its channels_last ones differ by 2e-6 and 1e-6.)"""
     r = step_against_torch(step_batch, train=False)
     report("resnet50 one SGD step, frozen BN, 64px batch 8", r)
     assert r["n"] == 161
     assert r["loss"] == pytest.approx(r["t_loss"], rel=1e-6)
-    assert r["grad"] < 1e-4 and r["grad"] <= 2 * r["grad_floor"] + 1e-6
-    assert r["update"] < 1e-4 and r["update"] <= 2 * r["update_floor"] + 1e-6
+    assert r["grad_exact"] < 1e-4 and r["grad"] <= 2 * r["grad_floor"] + 1e-6
+    assert r["update_exact"] < 1e-4 and r["update"] <= 2 * r["update_floor"] + 1e-6
 
 
 def test_train_mode_step_equals_torch_to_its_own_rounding(step_batch):
