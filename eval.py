@@ -8,8 +8,10 @@
     python eval.py --checkpoint_path OUT/resnet50-best.ckpt --data_path FOLDER \
         --split_file OUT/val_split.txt    # the part train.py --val_split held out
 
---checkpoint_path takes a .ckpt (MindSpore, graph mode), a .mindir (nn.GraphCell) or an .onnx
-file (ONNX Runtime, the fastest on CPU); an exported model takes the --batch_size it was
+--checkpoint_path takes a .ckpt (MindSpore, graph mode), Hub weights (``hf-hub:ORG/NAME``, a
+safetensors folder or file, whose network, class count and eval preprocessing are used for the
+keys not set: ``src/utils/hub.py``), a .mindir (nn.GraphCell) or an .onnx file (ONNX Runtime,
+the fastest on CPU); an exported model takes the --batch_size it was
 exported with, or any with ``export.py --dynamic_batch true``. ``--runtime onnxruntime`` runs a
 .ckpt in ONNX Runtime on CPU (exported to a temporary ONNX file with BatchNorms folded, removed
 at once; same top-1/top-5); the summary names the runtime (``"runtime"``). Prints the result

@@ -1,6 +1,7 @@
 """Export a ResNet checkpoint to MindIR, ONNX or AIR for inference.
 
     python export.py --checkpoint_path CKPT --file_format MINDIR --file_name resnet50 --batch_size 1
+    python export.py --checkpoint_path CKPT --file_format SAFETENSORS --file_name my_resnet50
 
 The exported graph takes float32 (batch_size, 3, eval_image_size, eval_image_size) images
 preprocessed as in eval (resize, center crop, ImageNet normalization) and returns (batch_size,

@@ -4,10 +4,14 @@
     python predict.py --checkpoint_path resnet50.mindir --image_path folder/ --batch_size 1
     python predict.py --checkpoint_path resnet50.onnx --image_path folder/ --batch_size 1
     python predict.py --checkpoint_path CKPT --runtime onnxruntime --image_path folder/
+    python predict.py --checkpoint_path hf-hub:timm/resnet50.tv2_in1k --image_path photo.jpg
 
-Images are preprocessed as in eval (resize eval_resize, center crop eval_image_size, ImageNet
-normalization). Class names: --class_names_path, else class_names.txt next to the checkpoint
-(written by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000.
+Images are preprocessed as in eval (resize eval_resize with eval_interpolation, center crop
+eval_image_size, ImageNet normalization). Class names: --class_names_path, else the
+label_names of Hub weights' config.json, else class_names.txt next to the checkpoint (written
+by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000. Hub weights
+(an hf-hub: id, a safetensors folder or file: src/utils/hub.py) bring their network, class
+count and eval settings, used for the keys not set on the command line or in --config_path.
 A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size (any
 --batch_size if exported with ``export.py --dynamic_batch true``). ONNX files run in ONNX
 Runtime (in requirements.txt; the fastest on CPU); ``--runtime onnxruntime`` runs a .ckpt there

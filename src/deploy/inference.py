@@ -44,7 +44,8 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
     Args:
         net_name (str): Architecture (``resnet18`` .. ``resnet152``).
         class_num (int): Classifier outputs.
-        checkpoint_path (str): ``.ckpt`` file.
+        checkpoint_path (str): ``.ckpt`` file, or Hub weights (``hf-hub:`` id, safetensors
+            folder or file: ``src.utils.hub``).
         use_ema (bool): Load the EMA weights when the checkpoint holds them.
         device_target (str, optional): Picks the stem max-pool form for that device
             (``src.models.resnet.STEM_MAX_POOLS``); None: the built form (for ``pad``
