@@ -17,7 +17,7 @@ def write(tmp_path, text, name="recipe.yaml"):
 @pytest.mark.parametrize("text, message", [
     ("batch_size: 64\n---\nepoch_size: 3\n",
      r"recipe.yaml holds 2 YAML documents \(the second starts at line 3\): a recipe is one "
-     r"document"),
+     r"document of key: value lines, only the first would be read; merge them into one$"),
     ("seed: 1\nbatch_size: 64\nseed: 7\n",
      r"recipe.yaml: key 'seed' is given twice \(lines 1 and 3\): keep one"),
 ])

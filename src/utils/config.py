@@ -212,8 +212,8 @@ def read_recipe(path):
     docs = _read_yaml_documents(path, starts) or [{}]
     if len(docs) > 1 and not _is_schema_copy(docs):
         raise ConfigError(f"{path} holds {len(docs)} YAML documents (the second starts at line "
-                          f"{starts[1]}): a recipe is one document of key: value lines; merge "
-                          f"them into one, or remove the lines from the second '---' on")
+                          f"{starts[1]}): a recipe is one document of key: value lines, only the "
+                          f"first would be read; merge them into one")
     return {k: v for k, v in docs[0].items() if k not in RECIPE_IGNORED}
 
 
