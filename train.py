@@ -4,11 +4,12 @@
     python train.py --config_path configs/resnet18_cifar10.yaml --data_path DIR --epoch_size 5
 
 Reads top to bottom: config -> signals -> device -> output folder lock -> dataset -> network
--> LR -> Model (loss, optimizer, TrainStep, EMA) -> resume -> output folder -> callbacks ->
-training. Outputs in --output_dir: checkpoints, metrics.jsonl (one JSON line per epoch),
-config.yaml (the resolved config), class_names.txt, train.log. One run per folder: a second
-run into a folder in use fails at once, a fresh run refuses a folder holding another run's
-files (--resume_ckpt auto continues it; --overwrite true moves them aside). Step by step (CPU)
+-> LR -> Model (loss, optimizer, TrainStep, EMA) -> resume -> the last checks, callbacks ->
+output folder (the first file written) -> training. Outputs in --output_dir: checkpoints,
+metrics.jsonl (one JSON line per epoch), config.yaml (the resolved config), class_names.txt,
+train.log. One run per folder: a second run into a folder in use fails at once, a fresh run
+refuses a folder holding another run's files (--resume_ckpt auto continues it; --overwrite
+true moves them aside); a run refused at start-up writes nothing there. Step by step (CPU)
 each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt
 sees the same data as an uninterrupted one; in dataset sink mode (GPU/Ascend) one pipeline
 serves the whole run and one Model.train call compiles the graph once. SIGINT/SIGTERM save
@@ -50,6 +51,7 @@ from src.training.callbacks import (
 from src.training.evaluator import BestCheckpointEvaluator, eval_shard
 from src.training.finetune import (
     check_split_and_balance,
+    checked_split,
     fine_tuning_model,
     held_out_fraction,
     record_training_images,
@@ -76,7 +78,7 @@ from src.utils.checkpoint import (
     remove_stale_partials,
 )
 from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
+from src.utils.config import INT32_MAX, ConfigError, parse_config
 from src.utils.device import all_gather_int, init_distributed, setup_device
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.hub import is_pretrained_source
@@ -275,20 +277,22 @@ def main(argv=None):
     model, ema = build_model(cfg, net, lr, amp_level)
     switch = cfg.linear_probe_epochs * data.steps_per_epoch  # LP-FT: fc alone until then
 
-    # ---- resume (the same recipe, step of the data and of the LR), then the output folder ----
+    # ---- resume (the same recipe, step of the data and of the LR) ----
     run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log)
     if switch and run.start_step >= switch:
         model = fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log,
                                   run.resume_path if run.start_step > switch else "")
-    log = prepare_run_folder(cfg, run, data.class_names, rank, log)
-    log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
-                    amp_level, ema, log)
-    sink_size = resolve_sink_size(cfg, data.steps_per_epoch)
-    log.info("dataset sink mode: %s", f"{sink_size} steps per call" if sink_size else "off")
 
-    # ---- callbacks: the step state first, then the ones that read it ----
+    # ---- the last checks (nothing is written before they pass), callbacks: the step state
+    # first, then the ones that read it; then the output folder ----
+    sink_size = resolve_sink_size(cfg, data.steps_per_epoch)
+    split = checked_split(cfg, run, rank == 0)
     cbs = build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level, stop,
                           rank, log)
+    log = prepare_run_folder(cfg, run, data.class_names, rank, log, split)
+    log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
+                    amp_level, ema, log)
+    log.info("dataset sink mode: %s", f"{sink_size} steps per call" if sink_size else "off")
 
     # ---- train: step by step (each epoch its own pipeline) or in sink calls (one pipeline) ----
     try:
@@ -336,7 +340,9 @@ def build_data(cfg, rank, device_num):
     class-balanced.
 
     Raises:
-        ConfigError: If an epoch has no full batch, the class count is not ``class_num``,
+        ConfigError: If an epoch has no full batch, the run has more steps than
+            ``INT32_MAX`` (checked before the LR schedule, one value per step, is built), the
+            class count is not ``class_num``,
             the eval folder's classes differ from the training folder's, or ``val_split``
             leaves a class without a training or validation image.
     """
@@ -360,6 +366,11 @@ def build_data(cfg, rank, device_num):
                           f"batch_size {cfg.batch_size} per device, fewer than the "
                           f"grad_accumulation_steps {cfg.grad_accumulation_steps} of one "
                           f"optimizer step: lower them")
+    total_steps = cfg.epoch_size * steps_per_epoch
+    if total_steps > INT32_MAX:  # before the LR schedule: one value per step
+        raise ConfigError(f"epoch_size {cfg.epoch_size} x {steps_per_epoch} optimizer steps per "
+                          f"epoch = {total_steps} steps: more than {INT32_MAX}, what MindSpore's "
+                          f"int32 step counter holds; lower epoch_size")
     class_names = (class_names_of(cfg.data_path) if cfg.dataset == "imagefolder"
                    else CIFAR10_CLASSES)
     if len(class_names) != cfg.class_num:
@@ -458,17 +469,19 @@ def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log
                                                                           cfg.output_dir))
 
 
-def prepare_run_folder(cfg, run, class_names, rank, log):
+def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
     """One run per folder (rank 0 only: the other ranks write no files and may share the
     folder, locked by ``lock_output_dir``): refuse or move aside another run's files, remove
     temporary files of saves that did not finish, then write the resolved config, the
     class names and the ``val_split`` lists (``record_training_images``). Returns the logger,
-    now also writing ``train.log`` on rank 0.
+    now also writing ``train.log`` on rank 0. Called once every check has passed (``split``:
+    ``checked_split``'s result): a refused run leaves the folder as it was.
 
     Raises:
         OutputDirError: If the folder holds another run's files.
         WriteError: If the config, class names or split lists cannot be written.
-        ConfigError: If a resumed run's split differs from its earlier one.
+        ConfigError: If a resumed run's split differs from its earlier one (when ``split``
+            is not given).
     """
     is_main = rank == 0
     moved = None
@@ -490,7 +503,7 @@ def prepare_run_folder(cfg, run, class_names, rank, log):
     if is_main:
         atomic_write_text(os.path.join(cfg.output_dir, "config.yaml"), cfg.to_yaml())
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
-    record_training_images(cfg, run, class_names, is_main, log)
+    record_training_images(cfg, run, class_names, is_main, log, split)
     return log
 
 

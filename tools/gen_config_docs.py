@@ -25,9 +25,11 @@ from src.utils.config import (  # noqa: E402
     NON_NEGATIVE,
     POSITIVE,
     UNIT_INTERVAL,
+    UPPER_BOUNDS,
     load_schema,
     read_sections,
 )
+from src.utils.files import plain_file_mode  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "configuration.md")
 CODE_RANGES = {"scale_factor": "> 1", "randaugment_num_ops": "from 0 to 3",
@@ -60,7 +62,14 @@ it reads, grouped by the sections below, with meaning and default; the other key
 
 An unknown key, a value of the wrong type or out of range (checked in one place, `check_values` in
 [`src/utils/config.py`](../src/utils/config.py)), in a file or on the command line, stops with an
-error that names it (`1e-4` in YAML is accepted for a float key).
+error that names it (`1e-4` in YAML is accepted for a float key). Every integer is at most
+2147483647 and every number at most 3.4e38 in magnitude (MindSpore's int32 and float32); the
+"accepts" column gives the keys bounded lower.
+
+A recipe file is one YAML document, each key once: a second document (`---`) or a key given
+twice is an error naming it. A copy of `config.yaml` is accepted (its second and third
+documents, the help texts and choices, are not read), and so is a run's written
+`output_dir/config.yaml`, whose `config_path` key is ignored.
 
 ## Adding a key
 
@@ -112,15 +121,18 @@ def accepted_values(key, default, choices):
         kind = LIST_TYPE_NAMES[type(default[0]) if default else int]
     else:
         kind = TYPE_NAMES[type(default)]
+    if key == "seed":
+        return f"{kind} from 0 to {UPPER_BOUNDS[key][0]}"
+    bound = f", at most {UPPER_BOUNDS[key][0]}" if key in UPPER_BOUNDS else ""
     if key in CODE_RANGES:
-        return f"{kind} {CODE_RANGES[key]}"
+        return f"{kind} {CODE_RANGES[key]}{bound}"
     if key in UNIT_INTERVAL:
-        return f"{kind} in {UNIT_INTERVAL[key]}"
+        return f"{kind} in {UNIT_INTERVAL[key]}{bound}"
     if key in POSITIVE:
-        return f"{kind} > 0"
+        return f"{kind} > 0{bound}"
     if key in NON_NEGATIVE:
-        return f"{kind} >= 0"
-    return kind
+        return f"{kind} >= 0{bound}"
+    return kind + (f" at most {UPPER_BOUNDS[key][0]}" if bound else "")
 
 
 def markdown_text(text):
@@ -190,13 +202,14 @@ def read_page(path):
 
 def write_atomically(path, text):
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``,
-    so that a reader never sees a half-written page."""
+    so that a reader never sees a half-written page; with the mode of a plain write."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".configuration-", suffix=".md.tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
+            plain_file_mode(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 
 from src.utils.errors import UserError, WriteError
+from src.utils.files import plain_file_mode
 
 FULL_PLOT_CLASSES = 50  # up to this many classes the picture names every row and column
 TOP_CONFUSIONS = 20  # listed beside the picture beyond FULL_PLOT_CLASSES
@@ -145,6 +146,7 @@ def plot_confusion(confusion, names, path):
                                          delete=False) as f:
             tmp = f.name
             fig.savefig(f, format="png", dpi=100)
+            plain_file_mode(f.fileno())
         os.replace(tmp, path)
     except OSError as err:
         if tmp and os.path.exists(tmp):

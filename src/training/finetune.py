@@ -80,11 +80,49 @@ def held_out_fraction(cfg):
     return 0.0 if cfg.eval_data_path else cfg.val_split
 
 
-def record_training_images(cfg, run, class_names, write, log):
+def checked_split(cfg, run, write):
+    """The ``val_split`` of the run, checked against the lists an earlier part of the same run
+    wrote (a resumed run whose split changed would train on images it held out before). A
+    check only: nothing is written, so train.py calls it before writing any file.
+
+    Args:
+        cfg (Config): The run's config.
+        run: ``continues_here``: the run continues a run of ``output_dir``.
+        write (bool): This process writes the run's files (rank 0): it compares the lists.
+
+    Returns:
+        tuple: ``(split, changed)``: the ``FolderSplit`` (None without ``val_split`` or
+        class folders) and the names of the lists it changes (only with
+        ``resume_ignore_config``).
+
+    Raises:
+        ConfigError: If the split changed, unless ``resume_ignore_config``.
+    """
+    val_split = held_out_fraction(cfg)
+    if cfg.dataset != "imagefolder" or not val_split:
+        return None, []
+    split = split_image_folder(cfg.data_path, val_split, cfg.seed)
+    changed = changed_split_files(cfg.output_dir, cfg.data_path, split) if (
+        write and run.continues_here) else []
+    if changed and not cfg.resume_ignore_config:
+        raise ConfigError(f"val_split {cfg.val_split} with seed {cfg.seed} now splits "
+                          f"data_path {cfg.data_path} otherwise than {', '.join(changed)} "
+                          f"in {cfg.output_dir}, written when this run started (another "
+                          f"seed, or files added or removed): resuming would train on "
+                          f"images held out before. Use the run's seed and data, or "
+                          f"--resume_ignore_config true to resume with the new split")
+    return split, changed
+
+
+def record_training_images(cfg, run, class_names, write, log, checked=None):
     """Class folders: log the training images per class (one line; a warning when the
     largest class has more than ``IMBALANCE_WARNING`` times the images of the smallest)
     and, with ``val_split``, write the two parts' file lists into ``output_dir`` (if
     ``write``), ``TRAIN_SPLIT_FILE`` and ``VAL_SPLIT_FILE``.
+
+    Args:
+        checked (tuple, optional): What ``checked_split`` returned for this run, if called
+            already (train.py: before any file is written); else it is called here.
 
     Raises:
         ConfigError: If this run continues a run of ``output_dir`` whose lists name other
@@ -99,16 +137,7 @@ def record_training_images(cfg, run, class_names, write, log):
         log.warning("val_split %g not applied: eval_data_path %s is given and wins (every image "
                     "of data_path trains)", cfg.val_split, cfg.eval_data_path)
     if val_split:
-        split = split_image_folder(cfg.data_path, val_split, cfg.seed)
-        changed = changed_split_files(cfg.output_dir, cfg.data_path, split) if (
-            write and run.continues_here) else []
-        if changed and not cfg.resume_ignore_config:
-            raise ConfigError(f"val_split {cfg.val_split} with seed {cfg.seed} now splits "
-                              f"data_path {cfg.data_path} otherwise than {', '.join(changed)} "
-                              f"in {cfg.output_dir}, written when this run started (another "
-                              f"seed, or files added or removed): resuming would train on "
-                              f"images held out before. Use the run's seed and data, or "
-                              f"--resume_ignore_config true to resume with the new split")
+        split, changed = checked or checked_split(cfg, run, write)
         if changed:
             log.warning("resume_ignore_config: the split changed; %s rewritten",
                         ", ".join(changed))

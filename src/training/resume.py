@@ -47,8 +47,10 @@ how (``val_split``: which are held out; ``class_balance``: the sampler or the lo
 
 
 def epoch_seed(seed, epoch):
-    """Seed of the data pipeline of ``epoch`` (0-based): a function of (seed, epoch) only."""
-    return seed * 100003 + epoch
+    """Seed of the data pipeline of ``epoch`` (0-based): a function of (seed, epoch) only,
+    in the dataset seed's range 0..2**32 - 1 (taken modulo 2**32: the seeds below it, every
+    seed up to 42948 for 90 epochs, are those of earlier versions)."""
+    return (seed * 100003 + epoch) % 2 ** 32
 
 
 def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):

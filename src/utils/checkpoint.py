@@ -560,8 +560,16 @@ def is_resumable(path, net_param_names):
 
 
 def prune(paths, keep):
-    """Delete all but the last ``keep`` of ``paths`` (oldest first); return the ones kept."""
+    """Delete all but the last ``keep`` of ``paths`` (oldest first); return the ones kept.
+
+    A file that cannot be deleted (read-only folder entry, immutable file, permission) is left
+    with a warning naming it, and no longer counted: the run goes on."""
     for old in paths[:-keep] if keep else paths:
-        if os.path.exists(old):
-            os.remove(old)
+        try:
+            if os.path.exists(old):
+                os.remove(old)
+        except OSError as err:
+            LOGGER.warning("keep_checkpoint_max %d: cannot delete the old checkpoint %s (%s); "
+                           "it is left in place, delete it by hand", keep, old,
+                           err.strerror or err)
     return paths[-keep:] if keep else []

@@ -6,6 +6,11 @@ second the meaning and unit of each key (printed by ``--help``), the third the a
 of keys with a closed set. Same layout as ModelZoo's ``*_config.yaml`` files.
 
 Override order, later wins: ``config.yaml`` < ``--config_path FILE`` < command-line flags.
+
+A recipe file (``--config_path``) is one YAML document of ``key: value`` lines, each key once. A
+copy of config.yaml is accepted too: its second and third documents, help texts (strings) and
+choices (lists), are not read. A ``config_path`` key (a run's written config.yaml records its
+recipe there) is ignored: re-running a run from its config.yaml works.
 """
 import argparse
 import logging
@@ -38,6 +43,24 @@ UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_p
                  "max_overflow_fraction": "[0, 1]", "layer_decay": "(0, 1]",
                  "val_split": "[0, 1)"}
 """Keys whose value must lie in the given interval of [0, 1]."""
+INT32_MAX = 2 ** 31 - 1
+FLOAT32_MAX = 3.4028234663852886e+38
+UPPER_BOUNDS = {
+    "epoch_size": (INT32_MAX, "MindSpore's optimizer step counter is int32"),
+    "seed": (2 ** 32 - 1, "MindSpore's seed range"),
+    "device_id": (4095, "MindSpore's device_id range"),
+    "class_num": (2 ** 20, "the ResNet-50 classifier alone is then 8 GiB"),
+    "batch_size": (2 ** 16, "per device"),
+    "train_image_size": (4096, "pixels per side"),
+    "eval_image_size": (4096, "pixels per side"),
+    "eval_resize": (4096, "pixels per side"),
+}
+"""Keys with an upper bound of their own: key -> (bound, why). Every other integer (list items
+included) is at most ``INT32_MAX`` (MindSpore's counters and op attributes are int32), every
+float at most ``FLOAT32_MAX`` in magnitude (values reach the network as float32)."""
+RECIPE_IGNORED = ("config_path",)
+"""Keys a recipe file may hold that are not config keys: a run's written config.yaml records
+the recipe it was resolved from as ``config_path``."""
 RENAMED = {"image_size": "train_image_size (training crop) and eval_image_size (eval, export, "
                          "predict)"}
 """Keys of earlier versions and what replaced them, named in the unknown-key error."""
@@ -115,21 +138,90 @@ def load_schema(path=DEFAULT_CONFIG):
     return defaults, helps, choices
 
 
-def _read_yaml_documents(path):
+class _DuplicateKey(Exception):
+    """A mapping of a YAML file gives a key twice: (key, first line, second line)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently). The keys of a merge (``<<: *anchor``) may be overridden: that is their use."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: the base class names it
+                    continue
+                if first is not None:
+                    raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+                lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _read_yaml_documents(path, starts=None):
+    """The documents of the YAML file ``path``, each a mapping (an empty one for an empty
+    document). ``starts``, if a list, receives the 1-based line of each document's start."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
+    loader = None
     with open(path, encoding="utf-8") as f:
+        docs = []
         try:
-            docs = [doc if doc is not None else {} for doc in yaml.safe_load_all(f)]
+            loader = _UniqueKeyLoader(f)
+            while loader.check_node():
+                node = loader.get_node()
+                if starts is not None:
+                    starts.append(node.start_mark.line + 1)
+                doc = loader.construct_document(node)
+                docs.append(doc if doc is not None else {})
+        except _DuplicateKey as err:
+            key, first, second = err.args
+            raise ConfigError(f"{path}: key {key!r} is given twice (lines {first} and "
+                              f"{second}): keep one") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
         except UnicodeDecodeError as err:
             raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
                               f"offset {err.start}): save the file as UTF-8") from err
+        finally:
+            if loader is not None:
+                loader.dispose()
     for doc in docs:
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: expected a mapping of key: value, got {type(doc).__name__}")
     return docs
+
+
+def read_recipe(path):
+    """The ``key: value`` mapping of the recipe file ``path`` (``--config_path``).
+
+    One YAML document; a copy of config.yaml (three documents, the second of help texts, the
+    third of choices) gives its first. ``RECIPE_IGNORED`` keys are dropped.
+
+    Raises:
+        ConfigError: For a file of several documents otherwise (only the first would be
+            read), naming the file, the count and where the second starts; as
+            ``_read_yaml_documents``.
+    """
+    starts = []
+    docs = _read_yaml_documents(path, starts) or [{}]
+    if len(docs) > 1 and not _is_schema_copy(docs):
+        raise ConfigError(f"{path} holds {len(docs)} YAML documents (the second starts at line "
+                          f"{starts[1]}): a recipe is one document of key: value lines, only the "
+                          f"first would be read; merge them into one")
+    return {k: v for k, v in docs[0].items() if k not in RECIPE_IGNORED}
+
+
+def _is_schema_copy(docs):
+    """Whether ``docs`` have config.yaml's layout: values, help texts (strings), choices
+    (lists)."""
+    return (len(docs) == 3 and all(isinstance(v, str) for v in docs[1].values())
+            and all(isinstance(v, list) for v in docs[2].values()))
 
 
 def coerce(key, value, default, source):
@@ -286,7 +378,8 @@ def _metavar(default):
 
 def check_values(cfg):
     """Range checks shared by every entry point: every float finite (``nan`` and ``inf`` pass
-    no comparison-based check), ``POSITIVE`` keys > 0, ``NON_NEGATIVE`` keys >= 0,
+    no comparison-based check) and within its upper bound (``check_upper_bounds``; the seed
+    in MindSpore's range), ``POSITIVE`` keys > 0, ``NON_NEGATIVE`` keys >= 0,
     ``UNIT_INTERVAL`` keys in their interval, ``train_crop_scale`` a [min, max] area range.
 
     Raises:
@@ -298,6 +391,7 @@ def check_values(cfg):
         if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v)
                                            for v in value):
             raise ConfigError(f"{key} must hold finite numbers, got {value}")
+    check_upper_bounds(cfg)
     for key in POSITIVE:
         if cfg[key] <= 0:
             kind = "a positive integer" if isinstance(cfg[key], int) else "positive"
@@ -323,6 +417,38 @@ def check_values(cfg):
     if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
         raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "
                           f"{cfg.train_crop_scale}")
+
+
+def check_upper_bounds(cfg):
+    """``UPPER_BOUNDS``, ``INT32_MAX`` for the other integers (list items included) and
+    ``FLOAT32_MAX`` for every float: a value beyond them fails in MindSpore (a seed) or
+    allocates without end (an LR array of ``epoch_size`` x steps per epoch values).
+
+    Raises:
+        ConfigError: Naming the key, the bound and why, and the value.
+    """
+    if cfg["seed"] < 0 or cfg["seed"] > UPPER_BOUNDS["seed"][0]:
+        raise ConfigError(f"seed must be in 0..{UPPER_BOUNDS['seed'][0]} "
+                          f"({UPPER_BOUNDS['seed'][1]}), got {cfg['seed']}")
+    for key, value in cfg.items():
+        if key in UPPER_BOUNDS:
+            bound, why = UPPER_BOUNDS[key]
+            if value > bound:
+                raise ConfigError(f"{key} must be at most {bound} ({why}), got {value}")
+        elif isinstance(value, int) and not isinstance(value, bool) and value > INT32_MAX:
+            raise ConfigError(f"{key} must be at most {INT32_MAX} (int32), got {value}")
+        elif isinstance(value, float) and abs(value) > FLOAT32_MAX:
+            raise ConfigError(f"{key} must be at most {FLOAT32_MAX} in magnitude (float32), "
+                              f"got {value}")
+        elif isinstance(value, list) and any(
+                isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT32_MAX
+                for v in value):
+            raise ConfigError(f"{key} must hold integers of at most {INT32_MAX} (int32), got "
+                              f"{value}")
+        elif isinstance(value, list) and any(isinstance(v, float) and abs(v) > FLOAT32_MAX
+                                             for v in value):
+            raise ConfigError(f"{key} must hold numbers of at most {FLOAT32_MAX} in magnitude "
+                              f"(float32), got {value}")
 
 
 def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAULT_CONFIG,
@@ -353,7 +479,7 @@ def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAU
     cfg = Config(defaults)
     recipe = {}
     if os.path.abspath(config_path) != os.path.abspath(schema_path):
-        recipe = (_read_yaml_documents(config_path) or [{}])[0]
+        recipe = read_recipe(config_path)
         merge(cfg, recipe, defaults, choices, config_path)
     merge(cfg, flags, defaults, choices, "command line")
     check_values(cfg)

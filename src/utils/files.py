@@ -1,5 +1,5 @@
-"""Output files written whole or not at all (appends included), and output folders checked
-before any work."""
+"""Output files written whole or not at all (appends included), with the mode a plain write
+gives, and output folders checked before any work."""
 import os
 import tempfile
 
@@ -28,9 +28,31 @@ def check_output_dir(path, key="output_dir"):
         raise OutputDirError(f"{key} {path} is not writable: {err.strerror or err}") from err
 
 
+def current_umask():
+    """The process's umask, read without changing it (``/proc/self/status``, Linux 4.7+);
+    elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def plain_file_mode(fd):
+    """Give the open file ``fd`` the mode ``open(path, "w")`` would have: 0o666 less the
+    umask (``tempfile`` creates its files 0o600, which the rename would keep)."""
+    os.fchmod(fd, 0o666 & ~current_umask())
+
+
 def atomic_write_text(path, text):
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder, flushed
-    to disk and renamed: ``path`` holds either its old content or all of ``text``.
+    to disk and renamed: ``path`` holds either its old content or all of ``text``. The file
+    gets the mode of a plain write (``plain_file_mode``).
 
     Raises:
         WriteError: Naming ``path`` and the cause (disk full, permission); the temporary file
@@ -45,6 +67,7 @@ def atomic_write_text(path, text):
             tmp = f.name
             f.write(text)
             f.flush()
+            plain_file_mode(f.fileno())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as err:
