@@ -103,7 +103,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
     EpochSampler``, seeded with the dataset seed (``mindspore.dataset.config.get_seed()``)
     when the pipeline is built: pass ``e`` of the pipeline is a function of that seed and
     ``e`` alone, sharded as ``DistributedSampler`` shards (``num_shards``, ``shard_id``).
-    Without them, MindSpore's own samplers, as before.
+    Without them, MindSpore's own samplers (``shuffle``, ``num_shards``, ``shard_id``).
 
     Returns:
         mindspore.dataset.Dataset: columns ``image`` float32 (batch, 3, image_size,

@@ -102,7 +102,8 @@ def create_lr(lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch
         lr_schedule (str): ``cosine``, ``linear`` or ``step`` (``SCHEDULES``).
         base_lr (float): LR per ``base_lr_batch_size`` images of global batch.
         base_lr_batch_size (int): Global batch at which ``base_lr`` applies (images).
-        global_batch_size (int): ``batch_size * device_num``, images per optimizer step.
+        global_batch_size (int): Images per optimizer step over all devices:
+            ``batch_size * grad_accumulation_steps * device_num``.
         epoch_size (int): Training epochs.
         steps_per_epoch (int): Optimizer steps in one epoch (per device = global).
         warmup_epochs (int): Linear warmup length, epochs (capped at the whole run).

@@ -398,104 +398,22 @@ TAKES_LOSS_SCALE = ("momentum",)
 def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
                      optimizer="momentum", beta1=0.9, beta2=0.999, eps=1e-8, layer_decay=1.0,
                      head_lr_scale=1.0):
-    r"""One of ``OPTIMIZERS`` over two parameter groups.
-
-    **Groups.** Decayed: every trainable parameter except those named ``*.gamma``, ``*.beta``
-    (BatchNorm) and ``*.bias``, i.e. convolution and dense weights, with ``weight_decay``.
-    Not decayed: BatchNorm gamma/beta and all biases (weight decay 0). Parameters keep the
-    network's order (``order_params``). Same groups for all three optimizers. Frozen
-    parameters (``requires_grad=False``: ``src.models.freeze``) are in no group. With
+    """One of ``OPTIMIZERS`` over two parameter groups: decayed (convolution and dense
+    weights, ``weight_decay``) and not decayed (BatchNorm gamma/beta and every bias), in the
+    network's order; frozen parameters (``src.models.freeze``) in neither. With
     ``layer_decay`` < 1 or ``head_lr_scale`` != 1 each group is split by LR multiple
-    (``parameter_groups``), each with its own per-step LR array.
+    (``parameter_groups``).
 
-    **"momentum"** (``nn.Momentum``, unchanged; the recipes' optimizer). With
-    :math:`\tilde g = g / s + \lambda w` (:math:`s` = ``loss_scale``; MindSpore multiplies
-    :math:`\lambda` by :math:`s` and adds it to the still scaled gradient, then divides by
-    :math:`s`)::
+    - ``momentum``: ``nn.Momentum``, = ``torch.optim.SGD(momentum, nesterov=False)`` with L2
+      weight decay added to the gradient.
+    - ``adamw``: ``AdamW`` here, = ``torch.optim.AdamW`` (Loshchilov & Hutter 2019,
+      arXiv:1711.05101; bias correction, eps outside the square root).
+    - ``lamb``: ``Lamb`` here (You et al. 2020, arXiv:1904.00962, Algorithm 2; trust ratio 1
+      when a norm is 0).
 
-        v <- mu * v + g~ ;   w <- w - lr * v
-
-    which is ``torch.optim.SGD(momentum=mu, dampening=0, nesterov=False, weight_decay=wd)``.
-
-    **"adamw"** (``AdamW`` in this module; decoupled weight decay: Loshchilov & Hutter 2019,
-    "Decoupled Weight Decay Regularization", arXiv:1711.05101). Equal to ``torch.optim.AdamW``
-    (``amsgrad=False``) up to float rounding::
-
-        m <- b1 * m + (1 - b1) * g ;  v <- b2 * v + (1 - b2) * g^2
-        m_hat = m / (1 - b1^t) ;  v_hat = v / (1 - b2^t)          (t = 1, 2, ...)
-        w <- w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
-
-    i.e. torch's ``w <- w * (1 - lr * wd)`` then ``w <- w - lr * m_hat / (sqrt(v_hat) + eps)``:
-    decoupled weight decay with the pre-step ``w``, multiplied by the full LR as torch does (the
-    paper's AdamW multiplies ``wd * w`` by the schedule multiplier ``eta_t`` only, not by the
-    base step size ``alpha``); bias correction; eps added to ``sqrt(v_hat)``. The no-decay group
-    (BatchNorm gamma/beta, biases) gets no weight decay (torch: a group with
-    ``weight_decay=0``). Defaults: torch's weight_decay is 1e-2; here it comes from
-    ``weight_decay`` (the config). eps defaults to 1e-8, as torch.
-
-    Why not MindSpore's ``nn.AdamWeightDecay``: MindSpore 2.10 calls the fused
-    ``AdamWeightDecay`` primitive, whose update (``mindspore/nn/optim/adam.py`` and the
-    primitive's documentation) is::
-
-        m <- b1 * m + (1 - b1) * g
-        v <- b2 * v + (1 - b2) * g^2
-        w <- w - lr * (m / (sqrt(v) + eps) + wd * w)
-
-    which differs from ``torch.optim.AdamW``:
-
-    - No bias correction. MindSpore's step is torch's times ``(1 - b1^t) / sqrt(1 - b2^t)``
-      (eps aside): with b1 = 0.9, b2 = 0.999 that is 3.16 at t = 1, 6.57 at its maximum
-      (t = 12), 1.26 at t = 1000, and within 1 % of 1 only from t ~ 3900 (0.1 % from ~6200).
-    - eps is added to ``sqrt(v)``, not to ``sqrt(v_hat) = sqrt(v) / sqrt(1 - b2^t)``: in
-      torch's units MindSpore's eps is ``eps / sqrt(1 - b2^t)`` (31.6 x eps at t = 1).
-    - (Not a difference: its weight decay is ``lr * wd * w`` with the pre-step ``w``, as
-      torch's.) Its defaults are eps 1e-6 and weight_decay 0.0; it has no ``loss_scale``
-      argument, and its docstring calls it deprecated ("removed after 2.9.0").
-
-    ``AdamW`` keeps its moments under the same names as ``nn.AdamWeightDecay`` (``adam_m.*``,
-    ``adam_v.*``; same raw ``m`` and ``v``), and bias correction reads the step from the
-    optimizer's ``global_step``, which training checkpoints hold.
-
-    **"lamb"** (``Lamb`` in this module; You et al. 2020, "Large Batch Optimization for Deep
-    Learning: Training BERT in 76 minutes", arXiv:1904.00962, Algorithm 2). Per tensor::
-
-        m <- b1 * m + (1 - b1) * g ;  v <- b2 * v + (1 - b2) * g^2
-        m_hat = m / (1 - b1^t) ;  v_hat = v / (1 - b2^t)          (t = 1, 2, ...)
-        r = m_hat / (sqrt(v_hat) + eps) + wd * w
-        ratio = ||w|| / ||r||  if ||w|| > 0 and ||r|| > 0, else 1
-        w <- w - lr * ratio * r
-
-    Why not ``nn.Lamb``: MindSpore 2.10's ``nn.Lamb`` calls the ``Lamb`` primitive, which has
-    no CPU kernel ("Unsupported op [Lamb] on CPU"); it is also marked deprecated. ``Lamb`` here
-    is one implementation for all devices. Differences from the paper:
-
-    - The paper scales by ``phi(||w||)`` with a clipping function ``phi``; here ``phi`` is the
-      identity (no bounds). The paper does not say what happens when a norm is 0; here the ratio
-      is 1 then (as timm and MindSpore do), e.g. for BatchNorm beta at its zero initialisation.
-    - Weight decay sits inside ``r``, hence inside the trust ratio's denominator (as the paper).
-
-    Differences from MindSpore's own ``nn.Lamb`` (GPU kernel ``lamb_impl.cu`` /
-    ``lamb_gpu_kernel.h`` in the MindSpore sources, not shipped in the wheel; same formulas as
-    ``nn.Lamb``'s Python implementation of MindSpore 1.x): it updates with the same ``r`` but
-    computes the trust ratio's denominator as ``||m_hat / sqrt(v_hat + eps) + wd * w||``
-    (eps inside the square root), clips the ratio to [0, 10] (NaN -> 0), and uses 1 when
-    ``||w|| = 0`` or that norm is 0 (MindSpore 1.x tested the raw gradient's norm instead).
-    Both apply the trust ratio to every tensor, the no-decay group included; bias correction
-    uses t = 1 on the first step in both. MindSpore 1.x on Ascend used the fused
-    ``LambApplyOptimizerAssign``/``LambApplyWeightAssign`` (denominator ``||r||``, eps
-    outside); 2.10's Ascend kernel was not checked.
-
-    Differences from timm's ``Lamb`` (``timm.optim.Lamb``; defaults eps 1e-6, weight_decay
-    0.01): timm first clips the global gradient norm over all parameters to ``max_grad_norm``
-    (default 1.0), which neither this ``Lamb`` nor MindSpore's has; timm applies the trust ratio
-    only to tensors whose weight decay is nonzero unless ``always_adapt=True`` (here: every
-    tensor, so BatchNorm and biases are layer-adapted too); ``trust_clip=True`` clips its ratio
-    to at most 1 (off by default). Bias correction, eps placement (``sqrt(v_hat) + eps``) and
-    the zero-norm rule (ratio 1) are the same.
-
-    **Loss scale.** ``nn.Momentum`` divides a fixed loss scale out of the gradients itself.
-    ``AdamW`` and ``Lamb`` take none, so ``loss_scale != 1`` with them raises
-    ``ValueError`` until the training cell unscales gradients itself.
+    The update rules, and why MindSpore's ``nn.AdamWeightDecay`` and ``nn.Lamb`` are not used:
+    docs/training.md, "Optimizers". A fixed ``loss_scale`` can only be divided out by
+    ``momentum``; ``TrainStep`` unscales gradients before any optimizer, so training passes 1.
 
     Args:
         net (nn.Cell): The network.
@@ -526,8 +444,8 @@ def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
     if loss_scale != 1.0 and optimizer not in TAKES_LOSS_SCALE:
         raise ValueError(f"optimizer {optimizer!r} cannot divide out a fixed loss scale "
                          f"(loss_scale={loss_scale}); only {', '.join(TAKES_LOSS_SCALE)} can. "
-                         "Use loss_scale 1.0 (no loss scaling, e.g. fp32/O0) with it until the "
-                         "training cell unscales gradients itself")
+                         "Pass loss_scale 1.0 and unscale the gradients before the optimizer, as "
+                         "TrainStep does")
     groups = parameter_groups(net, lr, weight_decay, layer_decay, head_lr_scale)
     learning_rate = lr if isinstance(lr, float) else ms.Tensor(np.asarray(lr, np.float32))
     return OPTIMIZERS[optimizer](groups, learning_rate, momentum=momentum, beta1=beta1,

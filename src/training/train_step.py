@@ -3,8 +3,8 @@ gradient clipping, the optimizer update and an exponential moving average of the
 
 ``TrainStep`` replaces the cell ``Model`` builds from (network, loss, optimizer). With none of
 its options on it runs the same operations as MindSpore's ``nn.TrainOneStepCell`` (fp32) or
-``nn.TrainOneStepWithLossScaleCell`` (loss scaling with overflow checks on GPU/Ascend), so
-today's recipes train bit-identically (tests compare the two).
+``nn.TrainOneStepWithLossScaleCell`` (loss scaling with overflow checks on GPU/Ascend), so a
+recipe without them trains bit-identically to those cells (tests compare the two).
 """
 import mindspore as ms
 import mindspore.nn as nn
