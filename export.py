@@ -13,7 +13,9 @@ while it works on Ascend; MINDIR is the path forward). With ``stem_pool_pad_mode
 and its output ``logits``. The file is written under a temporary name in its folder, loaded
 back (ONNX checker and ONNX Runtime; MindIR by MindSpore) and only then renamed over
 ``file_name``: a failed export (disk full, unwritable folder) exits with status 4 naming the
-cause and leaves an earlier file of that name as it was. With ``fold_bn`` (default) every
+cause and leaves an earlier file of that name as it was. One export per file name at a time:
+``FILE.lock`` beside it (deleted at the end) makes a second export to the same name fail at once
+(exit status 2) naming the first's process. With ``fold_bn`` (default) every
 BatchNorm is folded into the convolution before it (``src/models/bn_fold.py``): same logits to
 float32 rounding, fewer operations to run.
 
@@ -67,6 +69,7 @@ from src.deploy.quantize import (
     select_calibration_images,
 )
 from src.models.bn_fold import fold_batchnorm
+from src.training.output_dir import FileLock
 from src.utils.checkpoint import pretrained_config, read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -218,6 +221,41 @@ def main(argv=None):
                           f"{cfg.file_format}): pass --dynamic_batch false for AIR")
     check_quantize_config(cfg)
     check_output_dir(os.path.dirname(os.path.abspath(cfg.file_name)), "file_name's folder")
+    lock = lock_export(cfg)  # one export per file name at a time
+    try:
+        return export_locked(cfg)
+    finally:
+        lock.release()
+
+
+def lock_export(cfg):
+    """Lock the file ``cfg`` exports to, through ``FILE.lock`` beside it (``FileLock``, deleted
+    when the export ends): a second export to the same name fails at once naming the first's
+    process instead of both writing it and both reporting success. A lock file left by an
+    export that was killed is taken over.
+
+    Returns:
+        FileLock: Held; ``release`` it when the export ends.
+
+    Raises:
+        OutputDirError: If another export to that file runs (names it and the lock file).
+        WriteError: If the lock file cannot be written (disk full).
+    """
+    final = cfg.file_name + SUFFIXES.get(cfg.file_format, "")  # SAFETENSORS: the folder
+    path = final + ".lock"
+    lock = FileLock(path, lambda holder: (
+        f"{final} is being exported by another process (host and process id: {holder}, lock "
+        f"file {path}): wait for it to end, or choose another --file_name"),
+                    f"the export to {final}", remove=True)
+    ended = lock.acquire()
+    if ended:
+        LOGGER.info("%s: took over the lock of an ended export (host and process id %s)", path,
+                    ended)
+    return lock
+
+
+def export_locked(cfg):
+    """The export of ``main``, its file locked (``lock_export``); returns 0."""
     if cfg.file_format == "SAFETENSORS":
         setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return publish(cfg)

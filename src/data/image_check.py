@@ -9,6 +9,7 @@ PNG, BMP or any other file is verified and decoded with Pillow (its chunk checks
 data: a truncated PNG or BMP fails). About a minute per million JPEGs on a local disk; a
 folder of more than ``PROGRESS_MIN_FILES`` files shows progress while it is checked.
 """
+import collections
 import contextlib
 import logging
 import os
@@ -69,23 +70,91 @@ def oversized(path):
         return None
 
 
-def scan_folder(folder):
-    """The sub-folders and files of ``folder`` (names, sorted), links followed.
+def scan_entries(folder):
+    """Every entry of ``folder`` as a reader lists it, by name: ``folder``, ``file``, or what
+    else it is (``a link to a missing file``, ``not a regular file``), links followed.
 
     Raises:
-        ImageFolderError: Naming the entries whose links cannot be followed (a link to
-            itself, a loop of links: ``OSError`` ELOOP), instead of a traceback.
+        ImageFolderError: If ``folder`` cannot be read (permission: names it and why), or
+            naming the entries whose links cannot be followed (a link to itself, a loop of
+            links: ``OSError`` ELOOP), instead of a traceback.
     """
-    folders, files, unreadable = [], [], []
-    for entry in os.scandir(folder):
+    kinds, unreadable = {}, []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as err:
+        raise ImageFolderError(f"cannot read folder {folder}: {err.strerror or err}") from err
+    for entry in entries:
         try:
-            (folders if entry.is_dir() else files if entry.is_file() else []).append(entry.name)
+            kinds[entry.name] = ("folder" if entry.is_dir() else "file" if entry.is_file() else
+                                 "a link to a missing file" if entry.is_symlink() else
+                                 "not a regular file")
         except OSError as err:
             unreadable.append(f"{entry.path} ({err.strerror})")
     if unreadable:
-        raise ImageFolderError(_listing("links that cannot be followed (a link to itself or "
+        raise ImageFolderError(listing_text("links that cannot be followed (a link to itself or "
                                         "a loop of links): remove them", sorted(unreadable)))
-    return sorted(folders), sorted(files)
+    return kinds
+
+
+def scan_folder(folder):
+    """The sub-folders and the other entries of ``folder`` (names, sorted), links followed
+    (``scan_entries``: files, and links to missing files, are listed as files).
+
+    Raises:
+        ImageFolderError: As ``scan_entries``.
+    """
+    kinds = scan_entries(folder)
+    return (sorted(n for n, kind in kinds.items() if kind == "folder"),
+            sorted(n for n, kind in kinds.items() if kind != "folder"))
+
+
+Listing = collections.namedtuple("Listing", "images not_files skipped folders")
+
+
+def list_folder(folder, is_image=None):
+    """The one listing of a folder of images (a class folder, predict's folder), as MindSpore's
+    ImageFolderDataset lists it: every entry with an image name is read as an image, whatever
+    it is, and only the entries directly in the folder (it never reads sub-folders).
+
+    Args:
+        folder (str): The folder.
+        is_image (callable, optional): ``is_image(name)``; default ``is_image_name`` (the
+            reader's case-sensitive extensions).
+
+    Returns:
+        Listing: ``images`` (names of image files), ``not_files`` (``"PATH (a folder)"`` for
+        the entries with an image name that are no image file: a folder, a link to a missing
+        file), ``skipped`` (names of the other files) and ``folders`` (names of the other
+        sub-folders), each sorted.
+
+    Raises:
+        ImageFolderError: As ``scan_entries``.
+    """
+    is_image = is_image or is_image_name
+    listing = Listing([], [], [], [])
+    for name, kind in sorted(scan_entries(folder).items()):
+        if is_image(name):
+            if kind == "file":
+                listing.images.append(name)
+            else:
+                what = "a folder" if kind == "folder" else kind
+                listing.not_files.append(f"{os.path.join(folder, name)} ({what})")
+        else:
+            (listing.folders if kind == "folder" else listing.skipped).append(name)
+    return listing
+
+
+def nested_note(folders, is_image=None):
+    """``"N sub-folders ... (M images in them)"``: what the warning about skipped sub-folders
+    says; the images counted by name (``is_image``) in every folder below them."""
+    is_image = is_image or is_image_name
+    images = 0
+    for top in folders:
+        for _, _, names in os.walk(top):
+            images += sum(1 for n in names if is_image(n))
+    return (f"{len(folders)} sub-folder{'s' if len(folders) != 1 else ''} holding {images} "
+            f"image{'s' if images != 1 else ''}")
 
 
 def is_image_name(name):
@@ -96,7 +165,11 @@ def is_image_name(name):
 
 def jpeg_looks_complete(path):
     """Cheap check: the file starts as a JPEG and its end-of-image marker is in its last
-    ``TAIL_BYTES`` bytes."""
+    ``TAIL_BYTES`` bytes.
+
+    Raises:
+        OSError: If the file cannot be read (permission).
+    """
     with open(path, "rb") as f:
         if f.read(len(JPEG_SIGNATURE)) != JPEG_SIGNATURE:
             return False
@@ -123,29 +196,35 @@ def is_intact(path):
     return jpeg_looks_complete(path) or decodes(path)
 
 
-def _listing(text, paths):
+def listing_text(text, paths):
+    """``"TEXT: PATH, PATH ..."``: the first ``SHOWN`` of ``paths`` and, if more, their count."""
     shown = ", ".join(paths[:SHOWN])
     more = f" ... ({len(paths)} in all)" if len(paths) > SHOWN else ""
     return f"{text}: {shown}{more}"
 
 
 def broken_images(paths):
-    """The files among ``paths`` above the pixel limit (``oversized``) and those that fail
-    ``is_intact``, in order; progress is shown for more than ``PROGRESS_MIN_FILES`` files.
+    """The files among ``paths`` that cannot be read (permission), those above the pixel
+    limit (``oversized``) and those that fail ``is_intact``, in order; progress is shown for
+    more than ``PROGRESS_MIN_FILES`` files.
 
     Returns:
-        tuple(list[str], list[str]): (too large as "path (W x H)", broken paths).
+        tuple(list[str], list[str], list[str]): (unreadable as "path (reason)", too large as
+        "path (W x H)", broken paths).
     """
-    large, broken = [], []
+    unreadable, large, broken = [], [], []
     with Progress(len(paths), "image check", quiet=len(paths) <= PROGRESS_MIN_FILES) as progress:
         for path in paths:
-            size = oversized(path)
-            if size:
-                large.append(f"{path} ({size})")
-            elif not is_intact(path):
-                broken.append(path)
+            try:
+                size = oversized(path)
+                if size:
+                    large.append(f"{path} ({size})")
+                elif not is_intact(path):
+                    broken.append(path)
+            except OSError as err:
+                unreadable.append(f"{path} ({err.strerror or err})")
             progress.update(1)
-    return large, broken
+    return unreadable, large, broken
 
 
 def check_image_folder(data_path, check_content=True):
@@ -155,7 +234,9 @@ def check_image_folder(data_path, check_content=True):
     calls), so per-epoch pipelines neither rescan it nor repeat the warning.
 
     Files that are not images by extension (.txt, .DS_Store, .gif, ...) are skipped by the
-    reader: one warning names them with their count. Greyscale, CMYK and PNG images decode to RGB.
+    reader: one warning names them with their count. So are the sub-folders of class folders
+    (the reader reads only the files directly in a class folder: ``list_folder``): one
+    warning counts them and the images in them. Greyscale, CMYK and PNG images decode to RGB.
     A content check of a large folder shows progress (``src.utils.progress``).
 
     Args:
@@ -168,7 +249,9 @@ def check_image_folder(data_path, check_content=True):
     Raises:
         MissingFileError: If ``data_path`` is missing or holds no class folders.
         ImageFolderError: For a class folder without images, macOS metadata files ("._*"),
-            or corrupt or truncated images; the message names the files.
+            entries with an image name that are no image file (a folder ``photos.jpg``, a
+            link to a missing file), folders or images that cannot be read (permission), or
+            corrupt or truncated images; the message names the files.
     """
     if not os.path.isdir(data_path):
         raise MissingFileError(f"data_path {data_path!r} is not a folder")
@@ -179,36 +262,49 @@ def check_image_folder(data_path, check_content=True):
     if not classes:
         raise MissingFileError(f"data_path {data_path!r} holds no class folders: expected one "
                                f"sub-folder of images per class")
-    skipped, metadata, empty, real = [], [], [], []
+    skipped, nested, not_files, metadata, empty, real = [], [], [], [], [], []
     for cls in classes:
         folder = os.path.join(data_path, cls)
-        files = scan_folder(folder)[1]
-        skipped += [os.path.join(folder, n) for n in files if not is_image_name(n)]
-        images = [n for n in files if is_image_name(n)]
+        listing = list_folder(folder)
+        skipped += [os.path.join(folder, n) for n in listing.skipped]
+        nested += [os.path.join(folder, n) for n in listing.folders]
+        not_files += listing.not_files
+        images = listing.images
         metadata += [os.path.join(folder, n) for n in images if n.startswith(METADATA_PREFIX)]
         kept = [os.path.join(folder, n) for n in images if not n.startswith(METADATA_PREFIX)]
         if not kept:
             empty.append(folder)
         real += kept
+    if not_files:
+        raise ImageFolderError(listing_text("entries with an image name that are not image files "
+                                        "(the reader would fail on them): remove or rename "
+                                        "them", not_files))
     if empty:
-        raise ImageFolderError(_listing(f"class folders without images "
+        raise ImageFolderError(listing_text(f"class folders without images "
                                         f"({', '.join(IMAGE_EXTENSIONS)}): every class needs at "
                                         f"least one", empty))
     if metadata:
-        raise ImageFolderError(_listing(f"macOS metadata files would be read as images; remove "
+        raise ImageFolderError(listing_text(f"macOS metadata files would be read as images; remove "
                                         f"them (find {data_path} -name '._*' -delete)", metadata))
-    large, broken = broken_images(real) if check_content else ([], [])
+    unreadable, large, broken = broken_images(real) if check_content else ([], [], [])
+    if unreadable:
+        raise ImageFolderError(listing_text("image files that cannot be read (give the run's user "
+                                        "read access, or remove them)", unreadable))
     if large:
-        raise ImageFolderError(_listing(f"images with more pixels than max_image_pixels "
+        raise ImageFolderError(listing_text(f"images with more pixels than max_image_pixels "
                                         f"{Image.MAX_IMAGE_PIXELS} (Pillow's decompression-bomb "
                                         f"limit by default): raise the key to read them",
                                         large))
     if broken:
-        raise ImageFolderError(_listing("corrupt or truncated image files (they crash the "
+        raise ImageFolderError(listing_text("corrupt or truncated image files (they crash the "
                                         "decoder); remove or replace them", broken))
     if skipped:
-        LOGGER.warning(_listing(f"skipping {len(skipped)} files that are not images "
+        LOGGER.warning(listing_text(f"skipping {len(skipped)} files that are not images "
                                 f"({', '.join(IMAGE_EXTENSIONS[:4])})", skipped))
+    if nested:
+        LOGGER.warning(listing_text(f"skipping {nested_note(nested)} inside class folders (only "
+                                f"the images directly in a class folder are read: move them "
+                                f"up to use them)", nested))
     _CHECKED[key] = (tuple(classes), check_content)
     return classes
 

@@ -32,7 +32,7 @@ from src.data.image_check import (
     IMAGE_EXTENSIONS,
     ImageFolderError,
     check_image_folder,
-    is_image_name,
+    list_folder,
 )
 from src.data.sampling import EpochSampler, balanced_sample_weights
 from src.data.transforms import create_transforms
@@ -234,8 +234,7 @@ def image_folder_files(data_path):
         files = []
         for label, name in enumerate(class_names_of(data_path)):
             folder = os.path.join(data_path, name)
-            files += [(os.path.join(folder, f), label) for f in sorted(os.listdir(folder))
-                      if is_image_name(f) and os.path.isfile(os.path.join(folder, f))]
+            files += [(os.path.join(folder, f), label) for f in list_folder(folder).images]
         cached = _LISTINGS[key] = (signature, files)
     return list(cached[1])
 

@@ -13,7 +13,13 @@ import tempfile
 import mindspore as ms
 import numpy as np
 
-from src.data.image_check import IMAGE_EXTENSIONS, ImageFolderError, scan_folder
+from src.data.image_check import (
+    IMAGE_EXTENSIONS,
+    ImageFolderError,
+    list_folder,
+    listing_text,
+    nested_note,
+)
 from src.data.transforms import create_transforms
 from src.deploy.exporting import SUFFIXES, export_model
 from src.models.bn_fold import fold_batchnorm
@@ -74,48 +80,58 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
 
 
 def list_images(image_path):
-    """An image file, or the images of a folder (sorted, recursive), as a list of paths.
+    """An image file, or the images of a folder (sorted), as a list of paths.
 
-    In a folder, the image extensions (``IMAGE_EXTENSIONS``) match in any case (``.Jpg``
-    too: Pillow reads them); the other files, and hidden ones, are skipped with one warning
-    that counts them by extension.
+    A folder is read as eval reads a data folder (one rule with train and eval: MindSpore's
+    ImageFolderDataset reads only the files directly in a class folder): the images directly
+    in it and, when it holds sub-folders (a class-folder root), those directly in each of
+    them. Folders below that are skipped with one warning counting them and their images.
+    The image extensions (``IMAGE_EXTENSIONS``) match in any case (``.Jpg`` too: Pillow reads
+    them); the other files, and hidden ones, are skipped with one warning that counts them by
+    extension.
 
     Raises:
         MissingFileError: If the path does not exist or the folder holds no images.
+        ImageFolderError: Naming the entries with an image name that are no image file (a
+            folder ``photos.jpg``, a link to a missing file), a folder that cannot be read,
+            or links that cannot be followed.
     """
     if os.path.isfile(image_path):
         return [image_path]
     if not os.path.isdir(image_path):
         raise MissingFileError(f"image_path {image_path!r} is neither a file nor a folder")
     extensions = {e.lower() for e in IMAGE_EXTENSIONS}
-    found, skipped = [], {}
-    for root, _, names in walk_images(image_path):
-        for name in names:
-            ext = os.path.splitext(name)[1]
-            if ext.lower() in extensions and not name.startswith("."):
-                found.append(os.path.join(root, name))
-            else:
-                key = "hidden" if name.startswith(".") else ext or "no extension"
-                skipped[key] = skipped.get(key, 0) + 1
+
+    def is_image(name):
+        return os.path.splitext(name)[1].lower() in extensions and not name.startswith(".")
+
+    top = list_folder(image_path, is_image)
+    inner = [os.path.join(image_path, n) for n in top.folders if not n.startswith(".")]
+    nested = [os.path.join(image_path, n) for n in top.folders if n.startswith(".")]
+    found, not_files, skipped = [], [], {}
+    for folder, listing in [(image_path, top)] + [(f, list_folder(f, is_image)) for f in inner]:
+        found += [os.path.join(folder, n) for n in listing.images]
+        not_files += listing.not_files
+        nested += [os.path.join(folder, n) for n in listing.folders if folder != image_path]
+        for name in listing.skipped:
+            key = "hidden" if name.startswith(".") else os.path.splitext(name)[1] or \
+                "no extension"
+            skipped[key] = skipped.get(key, 0) + 1
+    if not_files:
+        raise ImageFolderError(listing_text("entries with an image name that are not image files: "
+                                        "remove or rename them", not_files))
     if skipped:
         LOGGER.warning("image_path %s: skipped %d files that are not images (%s)", image_path,
                        sum(skipped.values()),
                        ", ".join(f"{k}: {n}" for k, n in sorted(skipped.items())))
+    if nested:
+        LOGGER.warning(listing_text(
+            f"image_path {image_path}: skipping {nested_note(nested, is_image)} (the images in "
+            f"image_path and directly in its sub-folders are read, as eval reads class folders, "
+            f"not deeper ones)", sorted(nested)))
     if not found:
         raise MissingFileError(f"no images ({', '.join(IMAGE_EXTENSIONS[:4])}) in {image_path}")
     return sorted(found)
-
-
-def walk_images(top):
-    """``os.walk`` of ``top`` (links to folders not followed, as ``os.walk``), its files
-    listed by ``scan_folder``: a link that cannot be followed is an ``ImageFolderError``
-    naming it."""
-    folders, files = scan_folder(top)
-    yield top, folders, files
-    for name in folders:
-        path = os.path.join(top, name)
-        if not os.path.islink(path):
-            yield from walk_images(path)
 
 
 def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bilinear"):
@@ -131,12 +147,16 @@ def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bil
         numpy.ndarray: float32 (len(paths), 3, image_size, image_size), normalized.
 
     Raises:
-        ImageFolderError: If a file cannot be decoded as an image (names the file).
+        ImageFolderError: If a file cannot be read (permission) or decoded as an image (names
+            the file).
     """
     ops = create_transforms(False, image_size, eval_resize, interpolation=interpolation)
     batch = []
     for path in paths:
-        image = np.fromfile(path, dtype=np.uint8)
+        try:
+            image = np.fromfile(path, dtype=np.uint8)
+        except OSError as err:  # permission, a folder, a link to a missing file
+            raise ImageFolderError(f"cannot read image {path}: {err.strerror or err}") from err
         try:
             for op in ops:  # one by one: eager Compose wraps PIL-path results in a tuple
                 image = op(image)

@@ -1,5 +1,7 @@
 """Device and distribution: execution mode, backend, data-parallel setup, collectives on
 small values, and the all-reduce fusion check."""
+import re
+
 import mindspore as ms
 import numpy as np
 
@@ -18,14 +20,66 @@ def setup_device(mode, device_target, device_id=0, seed=1, run_distribute=False)
             launcher assigns devices).
         seed (int): Global seed (``mindspore.set_seed``).
         run_distribute (bool): Data-parallel run.
+
+    Raises:
+        ConfigError: If the installed MindSpore cannot run on ``device_target`` (a CPU-only
+            build asked for GPU, or the GPU / Ascend libraries do not load): one line naming
+            the MindSpore version, the target asked for and those it runs on.
     """
+    check_device_target(device_target)
     ms.set_context(mode=MODES[mode])
-    if device_target == "CPU" or run_distribute:
-        # distributed: msrun / the rank table (DEVICE_ID) choose each process's device
-        ms.set_device(device_target)
-    else:
-        ms.set_device(device_target, device_id)
+    try:
+        if device_target == "CPU" or run_distribute:
+            # distributed: msrun / the rank table (DEVICE_ID) choose each process's device
+            ms.set_device(device_target)
+        else:
+            ms.set_device(device_target, device_id)
+    except RuntimeError as err:
+        if "Unsupported device target" not in str(err):
+            raise
+        raise ConfigError(unsupported_target_message(
+            device_target, _SUPPORTED.search(str(err)))) from None
     ms.set_seed(seed)
+
+
+_SUPPORTED = re.compile(r"only supports one of the \[([^\]]*)\]")
+TARGETS = ("CPU", "GPU", "Ascend")
+
+
+def available_targets():
+    """The backends the installed MindSpore runs on in this process (the plugins that loaded
+    at ``import mindspore``: the CPU-only wheel has no GPU or Ascend plugin; the GPU one needs
+    CUDA's libraries), or None when this MindSpore cannot say."""
+    try:
+        from mindspore._c_expression import MSContext
+        context = MSContext.get_instance()
+        return [t for t in TARGETS if context.is_pkg_support_device(t)]
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def check_device_target(device_target):
+    """Refuse a ``device_target`` the installed MindSpore does not run on, before MindSpore's
+    own multi-line error and log lines.
+
+    Raises:
+        ConfigError: As ``setup_device``.
+    """
+    available = available_targets()
+    if available is not None and device_target not in available:
+        raise ConfigError(unsupported_target_message(device_target, available))
+
+
+def unsupported_target_message(device_target, available):
+    """The one line of an unsupported ``device_target``; ``available``: the backends (a list
+    or a regex match of MindSpore's error), or None."""
+    if available is not None and not isinstance(available, list):
+        available = [t.strip().strip("'\"") for t in available.group(1).split(",")]
+    runs_on = f"runs on {', '.join(available)} only" if available else "cannot say what it runs on"
+    hint = f"; pass --device_target {available[0]}" if available else ""
+    return (f"device_target {device_target} is not available: the installed MindSpore "
+            f"{ms.__version__} {runs_on} (a build without {device_target}, or its "
+            f"{'CUDA' if device_target == 'GPU' else 'CANN'} libraries do not load){hint}")
 
 
 def init_distributed(run_distribute, device_num):
