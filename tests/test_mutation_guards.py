@@ -93,3 +93,68 @@ def test_an_unloadable_export_never_replaces_the_earlier_file(tmp_path, file_for
     assert "does not load back" in result.stderr
     assert earlier.read_bytes() == b"the earlier export"
     assert sorted(os.listdir(tmp_path)) == ["model" + suffix, "r18.ckpt"]
+
+
+def test_sixteen_bit_pixels_keep_their_high_byte_and_eval_equals_predict_when_resizing(
+        tmp_path):
+    """A 16-bit greyscale PNG whose low bytes differ from its high bytes decodes to the high
+    bytes in training (OpenCV), eval and predict alike (a decoder keeping the low byte gives
+    other pixels); predict's preprocessing equals the eval pipeline's with a resize that
+    changes the size (and a crop that crops)."""
+    import io
+
+    import mindspore.dataset.vision as vision
+    from PIL import Image
+
+    from src.data.pipeline import create_dataset
+    from src.data.transforms import decode_rgb
+    from src.deploy.inference import preprocess_images
+
+    rng = np.random.default_rng(1)
+    high = rng.integers(0, 256, (48, 40)).astype(np.uint16)
+    low = (255 - high) ^ 0x5A
+    buffer = io.BytesIO()
+    Image.fromarray(high * 256 + low).save(buffer, format="PNG")
+    raw = np.frombuffer(buffer.getvalue(), np.uint8)
+    expected = np.repeat(high.astype(np.uint8)[:, :, None], 3, axis=2)
+    train = vision.RandomCropDecodeResize((48, 40), scale=(1.0, 1.0), ratio=(40 / 48, 40 / 48))
+    np.testing.assert_array_equal(np.asarray(decode_rgb(raw)), expected)
+    np.testing.assert_array_equal(train(raw), expected)
+    folder = tmp_path / "a"
+    folder.mkdir()
+    (folder / "image.png").write_bytes(buffer.getvalue())
+    data = create_dataset(str(tmp_path), is_training=False, batch_size=1, image_size=24,
+                          eval_resize=33, num_parallel_workers=1)
+    images = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))[0]
+    np.testing.assert_array_equal(preprocess_images([str(folder / "image.png")], 24, 33),
+                                  images)
+
+
+@pytest.mark.slow
+def test_the_output_folder_stays_locked_while_train_py_trains(tmp_path, cifar_small):
+    """While train.py trains, another process cannot take its output folder's lock (a run
+    that dropped its lock after taking it would let a second run write into the folder)."""
+    import time
+
+    from src.training.output_dir import OutputDirLock
+    from src.utils.errors import OutputDirError
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py"), "--config_path",
+         "configs/quick_start.yaml", "--data_path", cifar_small["train"], "--eval_data_path",
+         cifar_small["test"], "--epoch_size", "40", "--batch_size", "8", "--output_dir",
+         str(out), "--num_parallel_workers", "1"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (out / "metrics.jsonl").exists():  # an epoch done: training, lock taken
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.time() < deadline, "no epoch finished in 300 s"
+            time.sleep(0.5)
+        with pytest.raises(OutputDirError, match="in use by another run"):
+            OutputDirLock(str(out)).acquire()
+        assert proc.poll() is None, "train.py ended before the lock was tried"
+    finally:
+        proc.kill()
+        proc.wait()
