@@ -55,6 +55,8 @@ from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
+from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
+from src.utils.tracking import TensorBoardLog
 
 SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
 """The config.yaml sections this entry point reads (its --help lists them)."""
@@ -193,6 +195,12 @@ def main(argv=None):
         picture = os.path.join(cfg.output_dir, "confusion_matrix.png")
         plot_confusion(details["confusion_matrix"], report.names, picture)
         print(f"confusion matrix: {picture}")
+        if cfg.tensorboard:  # the picture and the numbers, in output_dir/tensorboard/
+            tracker = TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER))
+            tracker.image("eval/confusion_matrix", 0, picture)
+            tracker.scalars(0, {"eval/top1": summary["top1"], "eval/top5": summary["top5"],
+                                "eval/loss": summary["loss"]})
+            tracker.close()
     return 0
 
 

@@ -59,6 +59,7 @@ from src.training.finetune import (
 )
 from src.training.lr_schedule import LR_KEYS, create_lr
 from src.training.model import build_model, eval_model
+from src.training.optimizer import layer_ids, layer_lr_scales
 from src.training.output_dir import OutputDirLock, prepare_output_dir, trim_records
 from src.training.precision import resolve_amp_level, resolve_loss_scale_type
 from src.training.profiler import ProfileSteps, parse_profile_steps
@@ -84,6 +85,8 @@ from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
+from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
+from src.utils.tracking import TensorBoardLog
 
 SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning", "device",
             "precision, distribution", "outputs", "performance", "training checkpoints")
@@ -305,6 +308,7 @@ def main(argv=None):
         if cbs.profiler:
             cbs.profiler.close()  # analyses the steps recorded before a stop
     status = finish(cbs, stop, len(lr), cfg.output_dir, log)
+    track_run_end(cfg, cbs, run)
     if lock:
         lock.release()
     return status
@@ -543,9 +547,12 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
         evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level, is_main)
         evaluator.restore(run.best)  # the checkpoint's best, not metrics.jsonl's
     state = StepState(run.start_step, cfg.max_overflow_fraction, cfg.grad_accumulation_steps)
+    tracker = (TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER),
+                              purge_step=run.start_step + 1, logger=log)
+               if cfg.tensorboard and is_main else None)
     monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
                            os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
-                           log, evaluator, cfg.eval_interval)
+                           log, evaluator, cfg.eval_interval, tracker, lr_group_tags(cfg, net))
     own = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
                           run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
@@ -558,6 +565,37 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
     on_steps = [stop, monitor, saver] + ([profiler] if profiler else [])
     return SimpleNamespace(state=state, monitor=monitor, saver=saver, profiler=profiler,
                            all=[state, OptimizerStepCallbacks(state, on_steps, [stop.install])])
+
+
+def lr_group_tags(cfg, net):
+    """``{TensorBoard tag: LR multiple}`` of the layers whose LR is a multiple of the
+    scheduled one (``layer_decay``, ``head_lr_scale``; ``train/lr/layerNN``, NN the layer's
+    index, 0 = the stem, the last = ``fc``); empty without them."""
+    if cfg.layer_decay == 1.0 and cfg.head_lr_scale == 1.0:
+        return {}
+    names = [p.name for p in net.get_parameters()]
+    ids, _ = layer_ids(names)
+    return {f"train/lr/layer{ids[name]:02d}": scale
+            for name, scale in layer_lr_scales(names, cfg.layer_decay,
+                                               cfg.head_lr_scale).items()}
+
+
+def track_run_end(cfg, cbs, run):
+    """TensorBoard at the end of a run: the resolved config as hyperparameters with the last
+    epoch record's numbers, then the file closed."""
+    tracker = cbs.monitor.tracker
+    if tracker is None:
+        return
+    last = {}
+    records = os.path.join(cfg.output_dir, "metrics.jsonl")
+    if os.path.isfile(records):
+        with open(records, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        last = json.loads(lines[-1]) if lines else {}
+    metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
+                                                       "ema_top1") if key in last}
+    tracker.hparams(run.config, metrics, cbs.state.global_step)
+    tracker.close()
 
 
 def train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=None):

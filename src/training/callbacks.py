@@ -246,6 +246,13 @@ class OptimizerStepCallbacks(Callback):
         self._each("on_train_end", run_context)
 
 
+EPOCH_TAGS = {"loss": "epoch/train_loss", "lr": "epoch/lr", "img_per_s": "epoch/img_per_s",
+              "time_s": "epoch/time_s", "top1": "eval/top1", "top5": "eval/top5",
+              "ema_top1": "eval/ema_top1", "ema_top5": "eval/ema_top5",
+              "best_top1": "eval/best_top1"}
+"""TensorBoard tag of each number of an epoch record (``metrics.jsonl``)."""
+
+
 class TrainMonitor(Callback):
     """Progress lines every ``log_interval`` steps and one JSON line per epoch.
 
@@ -268,6 +275,12 @@ class TrainMonitor(Callback):
         evaluator (callable, optional): ``evaluator(epoch) -> dict`` run after each
             ``eval_interval`` epochs and after the last one.
         eval_interval (int): Epochs between evaluations.
+        tracker (TensorBoardLog, optional): Also gets each progress line's values (tags
+            ``train/loss``, ``train/lr``, ``train/img_per_s``, with loss scaling
+            ``train/loss_scale`` and ``train/overflow_steps``) and each epoch record's
+            (``EPOCH_TAGS``), at the global optimizer step (``src.utils.tracking``).
+        lr_groups (dict, optional): ``{tag: multiple}`` of parameter groups whose LR is the
+            scheduled one times a multiple (layer decay): each logged as its own tag.
 
     A record or a log line that cannot be written (disk full) stops training: ``error`` says
     which file and why (train.py then exits 4 naming the last good checkpoint). Each record is
@@ -276,7 +289,8 @@ class TrainMonitor(Callback):
     """
 
     def __init__(self, state, lr, global_batch_size, steps_per_epoch, log_interval,
-                 metrics_path, logger, evaluator=None, eval_interval=1):
+                 metrics_path, logger, evaluator=None, eval_interval=1, tracker=None,
+                 lr_groups=None):
         super().__init__()
         self.state = state
         self.lr = lr
@@ -287,6 +301,7 @@ class TrainMonitor(Callback):
         self.logger = logger
         self.evaluator = evaluator
         self.eval_interval = max(1, eval_interval)
+        self.tracker, self.lr_groups = tracker, dict(lr_groups or {})
         self.start_step = state.global_step
         self.train_start = self.epoch_start = self.window_start = None
         self.epoch_losses = []
@@ -332,6 +347,14 @@ class TrainMonitor(Callback):
                          "%.1f img/s eta %s", epoch, total // self.steps_per_epoch,
                          step_in_epoch, self.steps_per_epoch, state.global_step, state.loss,
                          self.lr[state.global_step - 1], img_per_s, _hms(eta))
+        if self.tracker is not None:
+            lr = float(self.lr[state.global_step - 1])
+            values = {"train/loss": state.loss, "train/lr": lr, "train/img_per_s": img_per_s}
+            values.update({tag: lr * scale for tag, scale in self.lr_groups.items()})
+            if state.loss_scale is not None:
+                values.update({"train/loss_scale": state.loss_scale,
+                               "train/overflow_steps": state.overflow_steps})
+            self.tracker.scalars(state.global_step, values)
 
     def on_train_epoch_end(self, run_context):
         step = self.state.global_step
@@ -352,6 +375,9 @@ class TrainMonitor(Callback):
         if self.evaluator and (epoch % self.eval_interval == 0 or last):
             record.update(self.evaluator(epoch))
         self.logger.info("epoch %d done: %s", epoch, json.dumps(record))
+        if self.tracker is not None:
+            self.tracker.scalars(step, {tag: record[key] for key, tag in EPOCH_TAGS.items()
+                                        if key in record})
         try:
             if self.metrics_path:
                 append_line(self.metrics_path, json.dumps(record))

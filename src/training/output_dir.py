@@ -12,11 +12,13 @@ import time
 from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE
 from src.utils.errors import OutputDirError, WriteError
 from src.utils.files import atomic_write_text
+from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 
 RECORDS = "metrics.jsonl"
 RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt", TRAIN_SPLIT_FILE,
-             VAL_SPLIT_FILE)
-"""Files a run writes besides its checkpoints (``*.ckpt``); moved with them."""
+             VAL_SPLIT_FILE, TENSORBOARD_FOLDER)
+"""Files (and the TensorBoard events' folder) a run writes besides its checkpoints
+(``*.ckpt``); moved with them."""
 MOVED_PREFIX = "previous_run_"
 LOCK_FILE = ".run.lock"
 """Held (``flock``) by the run writing to the folder; names its host and process id. Never
@@ -29,7 +31,7 @@ def earlier_run_files(output_dir):
     that stopped during start-up leaves nothing worth keeping apart)."""
     found = sorted(glob.glob(os.path.join(glob.escape(output_dir), "*.ckpt")))
     records = [os.path.join(output_dir, n) for n in RUN_FILES
-               if os.path.isfile(os.path.join(output_dir, n))]
+               if os.path.exists(os.path.join(output_dir, n))]
     if not found and os.path.join(output_dir, RECORDS) not in records:
         return []
     return found + records
