@@ -36,7 +36,7 @@ import mindspore.dataset as ds
 from src.data.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.mixing import BatchMixer
-from src.data.pipeline import class_names_of, create_dataset
+from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.split import (
     split_image_folder,
 )
@@ -60,15 +60,23 @@ from src.training.finetune import (
 from src.training.lr_schedule import LR_KEYS, create_lr
 from src.training.model import build_model, eval_model
 from src.training.optimizer import layer_ids, layer_lr_scales
-from src.training.output_dir import OutputDirLock, prepare_output_dir, trim_records
+from src.training.output_dir import (
+    OutputDirLock,
+    move_branch_aside,
+    prepare_output_dir,
+    trim_records,
+)
 from src.training.precision import resolve_amp_level, resolve_loss_scale_type
 from src.training.profiler import ProfileSteps, parse_profile_steps
 from src.training.resume import (
-    NOT_REQUIRED,
     agree_across_ranks,
+    branch_files,
     epoch_seed,
     find_resume_checkpoint,
+    folder_best,
+    higher_best,
     restore_training_state,
+    resumable_names,
 )
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
@@ -130,8 +138,7 @@ def resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log)
     """``resume_ckpt`` resolved to a path ("" to start from scratch): as given, or for
     ``auto`` the newest usable checkpoint in ``output_dir``; in data parallel, rank 0's
     choice, which every rank must hold."""
-    names = [p.name for p in train_network.get_parameters()
-             if not p.name.startswith(NOT_REQUIRED)]
+    names = resumable_names(train_network)
     path = cfg.resume_ckpt
     if path == "auto":
         path = find_resume_checkpoint(cfg.output_dir, cfg.net_name, steps_per_epoch, names) or ""
@@ -281,7 +288,8 @@ def main(argv=None):
     switch = cfg.linear_probe_epochs * data.steps_per_epoch  # LP-FT: fc alone until then
 
     # ---- resume (the same recipe, step of the data and of the LR) ----
-    run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log)
+    run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log,
+                     data.train_images)
     if switch and run.start_step >= switch:
         model = fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log,
                                   run.resume_path if run.start_step > switch else "")
@@ -338,7 +346,9 @@ def build_data(cfg, rank, device_num):
     ``train_args`` for training, ``eval_args`` for run_eval), data-parallel ``shards``,
     optimizer steps per epoch (``steps_per_epoch``), the batches of ``batch_size`` read per
     epoch (``batches_per_epoch``: ``grad_accumulation_steps`` per optimizer step; with
-    ``cut_epochs`` the pipeline gives more and is cut) and the class names (label order).
+    ``cut_epochs`` the pipeline gives more and is cut), the class names (label order) and
+    the training images of all devices (``train_images``: stored in the checkpoints, checked
+    on resume).
     With ``val_split`` the training pipeline reads the training part of data_path and
     ``eval_args`` the held-out part (``split_image_folder``); ``class_balance sampler`` draws
     class-balanced.
@@ -364,6 +374,8 @@ def build_data(cfg, rank, device_num):
     shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
     train_set = create_dataset(cfg.data_path, is_training=True, **train_args, **shards)
     batches = train_set.get_dataset_size()
+    train_images = count_images(cfg.data_path, is_training=True, dataset=cfg.dataset,
+                                indices=train_args.get("indices"))
     steps_per_epoch = batches // cfg.grad_accumulation_steps
     if steps_per_epoch == 0:
         raise ConfigError(f"data_path {cfg.data_path} gives {batches} full batches of "
@@ -388,7 +400,7 @@ def build_data(cfg, rank, device_num):
                            shards=shards, steps_per_epoch=steps_per_epoch,
                            batches_per_epoch=steps_per_epoch * cfg.grad_accumulation_steps,
                            cut_epochs=batches % cfg.grad_accumulation_steps != 0,
-                           class_names=class_names)
+                           class_names=class_names, train_images=train_images)
 
 
 def build_network(cfg, device_num, log):
@@ -444,41 +456,58 @@ def train_until(cfg, model, data, cbs, start_step, end_step, sink_size, stop, **
         train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=end_step)
 
 
-def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log):
+def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log,
+               train_images=None):
     """Restore the training state of ``resume_ckpt`` (if any) into ``train_network``.
 
     Returns:
         SimpleNamespace: ``resume_path`` ("" for a fresh start), ``start_step`` (optimizer
-        steps done), ``best`` (the evaluator's best score stored in the checkpoint, or None),
-        ``config`` (the run's config as stored in its checkpoints) and
+        steps done), ``best`` (the evaluator's best so far: the higher of the checkpoint's
+        and, for a run that continues its folder, the one stored in ``NET-best.ckpt``; or
+        None), ``config`` (the run's config as stored in its checkpoints), ``data`` (the
+        training data as stored in them: ``{"images", "steps_per_epoch"}``),
         ``continues_here`` (the checkpoint lies in ``output_dir``: this run continues that
-        folder's run).
+        folder's run) and ``later_files`` (a resume from an earlier step than the folder's
+        newest checkpoint, with ``overwrite``: the files of the later steps, to move aside).
 
     Raises:
-        ConfigError: If the checkpoint was trained with another recipe (unless
-            ``resume_ignore_config``) or has already trained every step.
+        ConfigError: If the checkpoint was trained with another recipe or on other data
+            (unless ``resume_ignore_config``), has already trained every step, or is older
+            than the folder's newest usable checkpoint (a branch; unless ``overwrite``).
     """
     run_config = dict(cfg, device_num=device_num)
-    start_step, best = 0, None
+    data = {"images": train_images, "steps_per_epoch": steps_per_epoch}
+    start_step, best, later = 0, None, []
     resume_path = resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log)
     if resume_path:
         start_step, _, best = restore_training_state(
-            train_network, resume_path, None if cfg.resume_ignore_config else run_config)
+            train_network, resume_path, None if cfg.resume_ignore_config else run_config,
+            None if train_images is None else data)
         if start_step >= total_steps:
             raise ConfigError(f"{resume_path} has already trained all {total_steps} steps of "
                               f"epoch_size {cfg.epoch_size}")
+    continues_here = bool(resume_path) and in_folder(resume_path, cfg.output_dir)
+    if continues_here:
+        if cfg.resume_ckpt != "auto":  # auto takes the newest usable one: never a branch
+            later = branch_files(cfg.output_dir, cfg.net_name, resume_path, start_step,
+                                 steps_per_epoch, resumable_names(train_network),
+                                 cfg.overwrite)
+        best_path = os.path.join(cfg.output_dir, f"{cfg.net_name}-best.ckpt")
+        if best_path not in later:  # a best chosen after a crash, e.g. (auto falls back)
+            best = higher_best(best, folder_best(best_path))
     return SimpleNamespace(resume_path=resume_path, start_step=start_step, best=best,
-                           config=run_config,
-                           continues_here=bool(resume_path) and in_folder(resume_path,
-                                                                          cfg.output_dir))
+                           config=run_config, data=data, continues_here=continues_here,
+                           later_files=later)
 
 
 def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
     """One run per folder (rank 0 only: the other ranks write no files and may share the
-    folder, locked by ``lock_output_dir``): refuse or move aside another run's files, remove
-    temporary files of saves that did not finish, then write the resolved config, the
-    class names and the ``val_split`` lists (``record_training_images``). Returns the logger,
-    now also writing ``train.log`` on rank 0. Called once every check has passed (``split``:
+    folder, locked by ``lock_output_dir``): refuse or move aside another run's files (and,
+    for a resume from an older checkpoint with ``overwrite``, the later checkpoints and
+    records: ``move_branch_aside``), remove temporary files of saves that did not finish,
+    then write the resolved config, the class names and the ``val_split`` lists
+    (``record_training_images``). Returns the logger, now also writing ``train.log`` on
+    rank 0. Called once every check has passed (``split``:
     ``checked_split``'s result): a refused run leaves the folder as it was.
 
     Raises:
@@ -488,9 +517,12 @@ def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
             is not given).
     """
     is_main = rank == 0
-    moved = None
+    moved = branched = None
     if is_main:
-        moved = prepare_output_dir(cfg.output_dir, not run.continues_here, cfg.overwrite)
+        moved = prepare_output_dir(cfg.output_dir, not run.continues_here, cfg.overwrite,
+                                   resume_auto=cfg.resume_ckpt == "auto")
+        if run.later_files:
+            branched = move_branch_aside(cfg.output_dir, run.later_files, run.start_step)
         for path in remove_stale_partials(cfg.output_dir, cfg.net_name):
             log.info("removed %s, left by a checkpoint save that did not finish", path)
         dropped = trim_records(cfg.output_dir, run.start_step) if run.continues_here else 0
@@ -504,6 +536,9 @@ def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
     if moved:
         log.warning("overwrite: the earlier run's files in %s were moved to %s",
                     cfg.output_dir, moved)
+    if branched:
+        log.warning("overwrite: resumed from step %d, before the run's newest checkpoint; its "
+                    "later checkpoints and records were moved to %s", run.start_step, branched)
     if is_main:
         atomic_write_text(os.path.join(cfg.output_dir, "config.yaml"), cfg.to_yaml())
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
@@ -558,7 +593,8 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
     saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
                             json.dumps(run.config), cfg.save_checkpoint_epochs,
                             cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, own,
-                            write=is_main, best=evaluator.best_score if evaluator else None)
+                            write=is_main, best=evaluator.best_score if evaluator else None,
+                            train_data=json.dumps(run.data))
     profile = parse_profile_steps(cfg.profile_steps)
     profiler = ProfileSteps(state, *profile, os.path.join(cfg.output_dir, "profiler"), log,
                             total_steps=len(lr)) if profile else None

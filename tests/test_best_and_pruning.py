@@ -88,7 +88,8 @@ def evaluate_twice(tmp_path, best_on_ema):
         set_weights(averages, ema_weight)
         results.append(run())
     saved = ms.load_checkpoint(best)
-    assert sorted(saved) == ["fc.bias", "fc.weight"]  # the network's names, no "ema." prefix
+    # the network's names, no "ema." prefix, and the score it was chosen on (``best_score``)
+    assert sorted(saved) == ["best_score", "fc.bias", "fc.weight"]
     return results, saved["fc.weight"].asnumpy()
 
 

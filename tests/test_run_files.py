@@ -35,9 +35,9 @@ def folder_bytes(folder):
 
 @pytest.mark.slow
 def test_a_refused_resume_writes_nothing(tmp_path):
-    """A val_split run with a checkpoint before its last epoch, resumed with another seed: the
-    split check refuses it, and config.yaml, metrics.jsonl, train.log and the lists are as
-    the run left them."""
+    """A val_split run with a checkpoint before its last epoch, resumed after an image was
+    renamed: the split check refuses it, and config.yaml, metrics.jsonl, train.log and the
+    lists are as the run left them (another seed is refused by the recipe check)."""
     data = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "data"), 8,
                               classes=["cat", "dog"])
     out = str(tmp_path / "run")
@@ -50,10 +50,13 @@ def test_a_refused_resume_writes_nothing(tmp_path):
     os.remove(os.path.join(out, checkpoint_name("resnet18", 6, 3)))  # as if killed in epoch 2
     before = folder_bytes(out)
     assert {"config.yaml", "metrics.jsonl", "train.log", "val_split.txt"} <= set(before)
+    cat = os.path.join(data, "cat")
+    first = sorted(os.listdir(cat))[0]
+    os.rename(os.path.join(cat, first), os.path.join(cat, "renamed_" + first))
     result = run_entry("train.py", *common, "--epoch_size", "2", "--resume_ckpt", "auto",
-                       "--seed", "2", timeout=600)
+                       timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "val_split 0.25 with seed 2 now splits" in result.stderr.strip().splitlines()[-1]
+    assert "val_split 0.25 with seed 1 now splits" in result.stderr.strip().splitlines()[-1]
     assert folder_bytes(out) == before
 
 

@@ -189,6 +189,12 @@ def read_split_file(split_file, data_path, key="split_file"):
     return np.sort(np.array([position[line] for line in lines], np.int64))
 
 
+def held_out_fraction(cfg):
+    """The fraction of each class of ``data_path`` held out for ``run_eval``: ``val_split``,
+    unless ``eval_data_path`` is given, which wins (every image of ``data_path`` trains)."""
+    return 0.0 if cfg.eval_data_path else cfg.val_split
+
+
 def training_labels(data_path, val_split, seed):
     """Labels of the images a run trains on: every image of ``data_path``, or with
     ``val_split`` the part not held out (``split_image_folder``).

@@ -9,6 +9,7 @@ The ranks hold the same weights but their own BatchNorm statistics (each updates
 own batches); they evaluate with rank 0's, the statistics of the checkpoints rank 0 writes, so
 the top-1 reported is that of the saved weights (``eval.py`` on them gives the same figure).
 """
+import json
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -18,7 +19,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from src.data.pipeline import count_images, create_dataset
-from src.utils.checkpoint import atomic_save_checkpoint
+from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
 from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks
 
 
@@ -127,11 +128,12 @@ class BestCheckpointEvaluator:
     checkpoint with the best top-1.
 
     The best checkpoint holds the weights it was chosen on, under the network's parameter
-    names: the live ones, or the EMA's with ``best_on_ema``. In data parallel (``shard`` with
-    collectives) every rank must call the evaluator at the same points: each evaluates its
-    shard with rank 0's BatchNorm statistics (its own are put back afterwards, so evaluating
-    does not change training), the counts are summed over the ranks, and only the process
-    with ``write`` saves.
+    names: the live ones, or the EMA's with ``best_on_ema``, and its score (``best_score``,
+    ``{"top1", "epoch"}``: a resumed run keeps the higher of it and its checkpoint's). In
+    data parallel (``shard`` with collectives) every rank must call the evaluator at the same
+    points: each evaluates its shard with rank 0's BatchNorm statistics (its own are put back
+    afterwards, so evaluating does not change training), the counts are summed over the
+    ranks, and only the process with ``write`` saves.
 
     Args:
         model (mindspore.train.Model): Evaluates the live network; its eval network gives
@@ -218,6 +220,7 @@ class BestCheckpointEvaluator:
             self.best_top1, self.best_epoch = result[self.best_key], epoch
             chosen = (self.ema_model.predict_network if self.best_key == "ema_top1"
                       else self.net)
-            if self.write:
-                atomic_save_checkpoint(chosen, self.best_path)
+            if self.write:  # with its score: a resume compares it with the checkpoint's
+                atomic_save_checkpoint(chosen, self.best_path,
+                                       {BEST_KEY: json.dumps(self.best_score())})
         return dict(result, best_top1=self.best_top1, eval_images=images)

@@ -6,6 +6,7 @@ from src.data.split import (
     TRAIN_SPLIT_FILE,
     VAL_SPLIT_FILE,
     changed_split_files,
+    held_out_fraction,
     split_image_folder,
     training_labels,
     write_split_files,
@@ -72,12 +73,6 @@ def fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log, r
     log.info("LP-FT: linear probe done after %d steps; fine-tuning with trainable_layers %d "
              "from step %d", switch, cfg.trainable_layers, switch)
     return with_train_step(cfg, net, step, amp_level)
-
-
-def held_out_fraction(cfg):
-    """The fraction of each class of ``data_path`` held out for ``run_eval``: ``val_split``,
-    unless ``eval_data_path`` is given, which wins (every image of ``data_path`` trains)."""
-    return 0.0 if cfg.eval_data_path else cfg.val_split
 
 
 def checked_split(cfg, run, write):

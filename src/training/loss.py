@@ -15,7 +15,7 @@ import mindspore.ops as ops
 import numpy as np
 
 from src.data.sampling import balanced_class_weights, class_counts
-from src.data.split import training_labels
+from src.data.split import held_out_fraction, training_labels
 
 
 def smoothed_one_hot_values(smooth_factor, class_num):
@@ -242,13 +242,14 @@ class_weights)``."""
 def loss_class_weights(cfg):
     """The class weights of ``class_balance loss``: scikit-learn's "balanced" weights
     ``n / (K * count_c)`` (``src.data.sampling.balanced_class_weights``) of the images the
-    run trains on (``data_path``, without the part ``val_split`` holds out); None for the
+    run trains on (``data_path``, without the part ``val_split`` holds out: none when
+    ``eval_data_path`` is given, ``held_out_fraction``); None for the
     other ``class_balance`` values. ``benchmark_steps`` reads no data: weights of 1 (the same
     ops, the same cost).
 
     Args:
         cfg (Config): ``class_balance``, ``class_num``, ``data_path``, ``val_split``,
-            ``seed``, ``benchmark_steps``.
+            ``eval_data_path``, ``seed``, ``benchmark_steps``.
 
     Returns:
         numpy.ndarray or None: float32 (class_num,).
@@ -261,7 +262,7 @@ def loss_class_weights(cfg):
         return None
     if cfg.benchmark_steps:
         return np.ones(cfg.class_num, np.float32)
-    labels = training_labels(cfg.data_path, cfg.val_split, cfg.seed)
+    labels = training_labels(cfg.data_path, held_out_fraction(cfg), cfg.seed)
     return balanced_class_weights(class_counts(labels, cfg.class_num))
 
 

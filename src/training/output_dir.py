@@ -37,6 +37,15 @@ def earlier_run_files(output_dir):
     return found + records
 
 
+def records_after(output_dir, done_steps):
+    """The ``metrics.jsonl`` lines of steps after ``done_steps``, in file order."""
+    path = os.path.join(output_dir, RECORDS)
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [line for line in f if line.strip() and _record_step(line) > done_steps]
+
+
 def trim_records(output_dir, done_steps):
     """Drop the ``metrics.jsonl`` records of steps after ``done_steps`` (a resumed run's
     checkpoint): a run killed between an epoch's record and its checkpoint trains that epoch
@@ -66,7 +75,7 @@ def _record_step(line):
         return -1  # not a record of ours: kept
 
 
-def prepare_output_dir(output_dir, starts_fresh, overwrite):
+def prepare_output_dir(output_dir, starts_fresh, overwrite, resume_auto=False):
     """Create ``output_dir``; for a run that starts from step 0, make sure it holds no other
     run's checkpoints or records.
 
@@ -75,6 +84,8 @@ def prepare_output_dir(output_dir, starts_fresh, overwrite):
         starts_fresh (bool): The run starts from step 0 (no checkpoint to resume from).
         overwrite (bool): Move an earlier run's files into ``previous_run_<time>/`` inside
             ``output_dir`` instead of refusing. Nothing is ever deleted.
+        resume_auto (bool): The run was asked to resume (``--resume_ckpt auto``) and found no
+            usable checkpoint: the refusal says there is nothing to resume.
 
     Returns:
         str or None: the folder the earlier run's files were moved to, if any.
@@ -90,21 +101,57 @@ def prepare_output_dir(output_dir, starts_fresh, overwrite):
     earlier = earlier_run_files(output_dir) if starts_fresh else []
     if not earlier:
         return None
+    names = ", ".join(os.path.basename(p) for p in earlier[:4])
+    if not overwrite and resume_auto:
+        raise OutputDirError(
+            f"output_dir {output_dir} holds another run's files ({names}"
+            f"{' ...' if len(earlier) > 4 else ''}) but no usable checkpoint: that run stopped "
+            f"before its first checkpoint (or its checkpoints are unreadable), so there is "
+            f"nothing to resume. Start afresh with --overwrite true, which moves its files "
+            f"into a {MOVED_PREFIX}* folder inside it, or choose another --output_dir")
     if not overwrite:
-        names = ", ".join(os.path.basename(p) for p in earlier[:4])
         raise OutputDirError(
             f"output_dir {output_dir} holds another run's files ({names}"
             f"{' ...' if len(earlier) > 4 else ''}): a new run there would mix with them. "
             f"Continue that run with --resume_ckpt auto, choose another --output_dir, or pass "
             f"--overwrite true to move them into a {MOVED_PREFIX}* folder inside it")
+    moved_to = _moved_folder(output_dir)
+    for path in earlier:
+        os.replace(path, os.path.join(moved_to, os.path.basename(path)))
+    return moved_to
+
+
+def _moved_folder(output_dir):
+    """A new, empty ``previous_run_<time>`` folder inside ``output_dir``."""
     moved_to = os.path.join(output_dir, MOVED_PREFIX + time.strftime("%Y%m%d-%H%M%S"))
     suffix = 0
     while os.path.exists(moved_to + (f"-{suffix}" if suffix else "")):
         suffix += 1
     moved_to += f"-{suffix}" if suffix else ""
     os.makedirs(moved_to)
-    for path in earlier:
+    return moved_to
+
+
+def move_branch_aside(output_dir, later_files, done_steps):
+    """A run resumed from an earlier step than its newest checkpoint, with ``--overwrite``:
+    move the files of its steps after ``done_steps`` (``later_files``: the later checkpoints,
+    and ``NET-best.ckpt`` when chosen after that step) and its records after that step (into
+    a ``metrics.jsonl`` of their own) into a new ``previous_run_<time>`` folder inside
+    ``output_dir``; the records up to the step stay. Nothing is deleted.
+
+    Returns:
+        str: the folder.
+
+    Raises:
+        WriteError: If the records cannot be written or rewritten.
+    """
+    moved_to = _moved_folder(output_dir)
+    for path in later_files:
         os.replace(path, os.path.join(moved_to, os.path.basename(path)))
+    later = records_after(output_dir, done_steps)
+    if later:
+        atomic_write_text(os.path.join(moved_to, RECORDS), "".join(later))
+        trim_records(output_dir, done_steps)
     return moved_to
 
 

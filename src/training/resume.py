@@ -5,6 +5,7 @@ The LR array comes from the config and is indexed by the optimizer's ``global_st
 data order is restored by building each epoch's pipeline from (seed, epoch) alone
 (``epoch_seed``) and skipping the batches already trained in a partly done epoch.
 """
+import json
 import logging
 import os
 
@@ -12,6 +13,7 @@ import mindspore as ms
 import numpy as np
 
 from src.training.lr_schedule import LR_KEYS
+from src.training.output_dir import records_after
 from src.utils.checkpoint import (
     GRAD_ACCUM_PREFIX,
     METADATA_KEYS,
@@ -26,6 +28,7 @@ from src.utils.checkpoint import (
     read_checkpoint,
     stored_best,
     stored_config,
+    stored_data,
     stored_step,
 )
 from src.utils.config import ConfigError
@@ -37,13 +40,41 @@ NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the
 # part of the training cell lack it: the configured scale is used (the count starts at 0).
 # The gradient accumulation buffers are never saved (zero between optimizer steps).
 NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER, GRAD_ACCUM_PREFIX)
+MAY_DIFFER = frozenset((
+    # where things are, and the run's own controls
+    "data_path", "eval_data_path", "output_dir", "pre_trained", "config_path", "resume_ckpt",
+    "resume_ignore_config", "overwrite",
+    # how the work is spread and run: workers, devices, execution mode, sink settings
+    "num_parallel_workers", "device_id", "run_distribute", "all_reduce_fusion_config", "mode",
+    "dataset_sink_mode", "sink_size", "check_images", "max_image_pixels",
+    # logging, profiling, plots, the overflow stop
+    "log_interval", "profile_steps", "plot", "benchmark_steps", "max_overflow_fraction",
+    # checkpoint cadence and retention, eval cadence
+    "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "run_eval",
+    "eval_interval",
+    # keys of eval.py, export.py and predict.py
+    "split_file", "checkpoint_path", "use_ema", "runtime", "file_name", "file_format", "fold_bn",
+    "dynamic_batch", "quantize", "calibration_data_path", "calibration_images",
+    "quantize_reduce_range", "image_path", "class_names_path", "top_k"))
+"""Keys a resumed run may change: paths, workers and devices, sink settings, logging,
+checkpoint and eval cadence, the other entry points' keys. Every other key of the stored
+run config must agree (``check_same_recipe``): it changes what is trained (network, data
+and augmentation, seed, steps per epoch, LR, optimizer and its decay, loss, precision,
+fine-tuning) or how the best checkpoint is chosen (eval preprocessing, ``best_on_ema``). A key
+added later is checked as soon as checkpoints store it."""
 RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
                "device_num", "optimizer", "trainable_layers", "freeze_bn", "layer_decay",
                "head_lr_scale", "linear_probe_epochs", "stem_pool_pad_mode", "val_split",
                "class_balance") + LR_KEYS
-"""Keys a resumed run must share with its checkpoint: they fix the steps per epoch, the
-network (its shapes, its stem pool), the per-step LR array, and the images trained on and
-how (``val_split``: which are held out; ``class_balance``: the sampler or the loss)."""
+"""Keys checked before any other (their message comes first): the steps per epoch, the
+network, the per-step LR array and the images trained on."""
+
+
+def recipe_keys(current):
+    """The keys of ``current`` a resume checks: ``RESUME_KEYS`` first, then every other key
+    not in ``MAY_DIFFER``, in the config's order."""
+    return [k for k in RESUME_KEYS if k in current] + [
+        k for k in current if k not in RESUME_KEYS and k not in MAY_DIFFER]
 
 
 def epoch_seed(seed, epoch):
@@ -77,32 +108,64 @@ def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):
     return None
 
 
-def check_same_recipe(path, stored, current, keys=RESUME_KEYS):
+def check_same_recipe(path, stored, current, keys=None):
     """Refuse to resume a checkpoint written under other values of ``keys``.
 
     Args:
         path (str): The checkpoint, for the message.
         stored (dict or None): Its ``run_config`` (None for files without one: accepted).
         current (dict): This run's config (``device_num`` the real device count).
-        keys (tuple[str]): Keys that must agree.
+        keys (list[str], optional): Keys that must agree; default ``recipe_keys(current)``:
+            all but ``MAY_DIFFER`` (a key the checkpoint does not store is not checked).
 
     Raises:
         ConfigError: Naming every differing key with both values, and the way out.
     """
     if stored is None:
         LOGGER.warning("%s stores no run config: cannot check that it was trained with the "
-                       "same batch size and LR recipe", path)
+                       "same recipe", path)
         return
+    keys = recipe_keys(current) if keys is None else keys
     differ = [f"{k} {current[k]!r} (checkpoint: {stored[k]!r})" for k in keys
-              if k in stored and stored[k] != current[k]]
+              if k in stored and stored[k] != json.loads(json.dumps(current[k]))]
     if differ:
-        raise ConfigError(f"cannot resume {path} with other {', '.join(differ)}: the steps per "
-                          f"epoch, the network or the LR schedule would silently mean something "
-                          f"else. Use the checkpoint's values, start a new run in another "
-                          f"--output_dir, or pass --resume_ignore_config true if you mean it")
+        raise ConfigError(f"cannot resume {path} with other {', '.join(differ)}: the rest of "
+                          f"the run would train something else than its first part (the "
+                          f"network, the data, the steps per epoch, the LR schedule or the "
+                          f"optimization). Use the checkpoint's values, start a new run in "
+                          f"another --output_dir, or pass --resume_ignore_config true if you "
+                          f"mean it")
 
 
-def restore_training_state(train_network, path, current=None):
+def check_same_data(path, stored, current, data_path):
+    """Refuse to resume a checkpoint trained on another number of images or steps per epoch
+    (files added to or removed from ``data_path`` between a stop and the resume): the LR
+    schedule would stretch or shrink and the epochs fall out of step with the checkpoints
+    and records.
+
+    Args:
+        path (str): The checkpoint, for the message.
+        stored (dict or None): Its ``train_data`` (``stored_data``; None for files without
+            one: accepted).
+        current (dict): This run's ``{"images", "steps_per_epoch"}``.
+        data_path (str): For the message.
+
+    Raises:
+        ConfigError: Naming both counts and the way out.
+    """
+    if stored is None or all(stored.get(k) == v for k, v in current.items()):
+        return
+    raise ConfigError(f"data_path {data_path} holds {current['images']} images "
+                      f"({current['steps_per_epoch']} steps per epoch) but the checkpoint {path} "
+                      f"was trained on {stored.get('images')} ({stored.get('steps_per_epoch')} "
+                      f"steps per epoch): files were added or removed, and resuming would "
+                      f"stretch or shrink the LR schedule and put the epochs out of step with "
+                      f"its checkpoints and records. Restore the data it was trained on, start "
+                      f"a new run in another --output_dir, or pass --resume_ignore_config true "
+                      f"to go on with this data")
+
+
+def restore_training_state(train_network, path, current=None, data=None):
     """Load network and optimizer state from a checkpoint written by ``CheckpointSaver``.
 
     Args:
@@ -113,6 +176,8 @@ def restore_training_state(train_network, path, current=None):
             (``check_same_recipe``) before the parameters, so another recipe is named by its
             keys (another ``optimizer`` too, whose state has other names); None skips it
             (``--resume_ignore_config``).
+        data (dict, optional): This run's training data, ``{"images", "steps_per_epoch"}``:
+            checked against the stored one (``check_same_data``) when ``current`` is given.
 
     Returns:
         tuple(int, dict or None, dict or None): training steps already done, the stored run
@@ -123,11 +188,14 @@ def restore_training_state(train_network, path, current=None):
         MissingFileError: If the file does not exist.
         CheckpointError: If it is unreadable, lacks optimizer state, or does not fit the
             network (names the parameters).
-        ConfigError: If ``current`` differs from the stored config (``check_same_recipe``).
+        ConfigError: If ``current`` differs from the stored config (``check_same_recipe``), or
+            ``data`` from the stored data (``check_same_data``).
     """
     params = read_checkpoint(path)
     if current is not None:
         check_same_recipe(path, stored_config(params), current)
+        if data is not None:
+            check_same_data(path, stored_data(params), data, current.get("data_path"))
     if "global_step" not in params:
         raise CheckpointError(f"{path} holds no optimizer state: not a training checkpoint "
                               f"(use --pre_trained to start from its weights)")
@@ -203,3 +271,82 @@ def agree_across_ranks(local_path, output_dir, prefix, steps_per_epoch, param_na
 def _path_at(output_dir, prefix, step, steps_per_epoch):
     path = os.path.join(output_dir, checkpoint_name(prefix, step, steps_per_epoch))
     return path if os.path.isfile(path) else ""
+
+
+def resumable_names(train_network):
+    """The parameter names a usable checkpoint of ``train_network`` must hold."""
+    return [p.name for p in train_network.get_parameters()
+            if not p.name.startswith(NOT_REQUIRED)]
+
+
+def newer_checkpoint(output_dir, prefix, steps_per_epoch, param_names, step):
+    """The newest usable checkpoint in ``output_dir`` when it lies past ``step``, else None:
+    a run resumed from ``step`` would then branch off its own later steps."""
+    for path in periodic_checkpoints(output_dir, prefix, steps_per_epoch):
+        if position_of(path, steps_per_epoch) <= step:
+            return None
+        if is_resumable(path, param_names)[0]:
+            return path
+    return None
+
+
+def folder_best(best_path):
+    """The score stored in the run's best checkpoint (``NET-best.ckpt``): ``{"top1",
+    "epoch"}``, or None (no such file, one written before it stored its score, or unreadable:
+    a warning)."""
+    if not os.path.isfile(best_path):
+        return None
+    try:
+        best = stored_best(read_checkpoint(best_path))
+        if best is not None:
+            best = {"top1": float(best["top1"]), "epoch": int(best["epoch"])}
+    except (CheckpointError, ValueError, KeyError, TypeError) as err:
+        LOGGER.warning("cannot read the score of %s (%s): the resumed checkpoint's best is "
+                       "kept", best_path, str(err).splitlines()[0] or type(err).__name__)
+        return None
+    return best
+
+
+def higher_best(ours, other):
+    """The higher of two ``{"top1", "epoch"}`` scores (either may be None); ``ours`` on a
+    tie."""
+    if other is None or (ours is not None and float(ours["top1"]) >= float(other["top1"])):
+        return ours
+    return other
+
+
+def branch_files(output_dir, prefix, resume_path, step, steps_per_epoch, param_names,
+                 overwrite):
+    """A resume from ``resume_path`` (in ``output_dir``, at ``step``) when the folder holds a
+    newer usable checkpoint: a branch, which would overwrite the later checkpoints and drop the
+    later records. Refused unless ``overwrite``; then the files to move aside: every periodic
+    checkpoint after ``step`` and the best checkpoint when it was chosen after ``step``.
+
+    Returns:
+        list[str]: Empty when the resume is no branch.
+
+    Raises:
+        ConfigError: For a branch without ``overwrite``: names both checkpoints, what would be
+            lost, and the ways out.
+    """
+    newer = newer_checkpoint(output_dir, prefix, steps_per_epoch, param_names, step)
+    if newer is None:
+        return []
+    if not overwrite:
+        records = len(records_after(output_dir, step))
+        raise ConfigError(
+            f"--resume_ckpt {resume_path} (step {step}) is older than the newest checkpoint of "
+            f"the run in {output_dir}, {os.path.basename(newer)} (step "
+            f"{position_of(newer, steps_per_epoch)}): resuming from it would overwrite the "
+            f"later checkpoints and drop the {records} record(s) after step {step} from "
+            f"metrics.jsonl. Resume the newest with --resume_ckpt auto, branch off into "
+            f"another --output_dir (the same --resume_ckpt), or pass "
+            f"--overwrite true to move the later checkpoints and records into a "
+            f"previous_run_* folder inside it")
+    later = [p for p in periodic_checkpoints(output_dir, prefix, steps_per_epoch)
+             if position_of(p, steps_per_epoch) > step]
+    best_path = os.path.join(output_dir, f"{prefix}-best.ckpt")
+    best = folder_best(best_path)
+    if best is not None and int(best["epoch"]) * steps_per_epoch > step:
+        later.append(best_path)
+    return later

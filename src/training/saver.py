@@ -11,6 +11,7 @@ from src.training.callbacks import passed_multiple
 from src.utils.checkpoint import (
     BEST_KEY,
     CONFIG_KEY,
+    DATA_KEY,
     STEP_KEY,
     atomic_save_checkpoint,
     checkpoint_name,
@@ -57,6 +58,8 @@ class CheckpointSaver(Callback):
         best (callable, optional): ``best() -> dict or None``, the evaluator's best score so
             far (``BestCheckpointEvaluator.best_score``), stored in every checkpoint so a
             resumed run keeps it.
+        train_data (str): The data trained on as JSON (``{"images", "steps_per_epoch"}``),
+            stored in every checkpoint and checked on resume; empty: not stored.
 
     A ``save_steps`` multiple that falls on an epoch's last step is saved at the epoch's end,
     after ``TrainMonitor`` wrote the epoch's record: a run killed in between then resumes
@@ -66,7 +69,7 @@ class CheckpointSaver(Callback):
 
     def __init__(self, state, stop, output_dir, prefix, steps_per_epoch, total_steps,
                  run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
-                 write=True, best=None):
+                 write=True, best=None, train_data=""):
         super().__init__()
         self.state, self.stop = state, stop
         self.output_dir, self.prefix = output_dir, prefix
@@ -76,6 +79,7 @@ class CheckpointSaver(Callback):
         self.own_files = list(own_files)
         self.write = write
         self.best = best
+        self.train_data = train_data
         self.step_save_due = False  # a save_steps multiple reached at an epoch's last step
         self.error = None
         self.diverged = False  # the failure was non-finite parameters (not a write error)
@@ -125,7 +129,8 @@ class CheckpointSaver(Callback):
             best = self.best() if self.best else None
             atomic_save_checkpoint(train_network, path,
                                    {STEP_KEY: step, CONFIG_KEY: self.run_config,
-                                    BEST_KEY: json.dumps(best) if best else ""})
+                                    BEST_KEY: json.dumps(best) if best else "",
+                                    DATA_KEY: self.train_data})
         except (OSError, RuntimeError) as err:
             self._fail(run_context, f"cannot write checkpoint {path}: "
                                     f"{str(err).splitlines()[0]}")

@@ -3,7 +3,9 @@
 Every ``.ckpt`` this package reads or writes goes through this module. Training checkpoints
 are named ModelZoo-style ``<net_name>-<epoch>_<step>.ckpt`` (1-based epoch, step within the
 epoch) and hold, besides the network: the optimizer's state, ``train_step`` (training steps
-done) and ``run_config`` (the run's resolved config as JSON, checked on resume). Checkpoints of
+done), ``run_config`` (the run's resolved config as JSON, checked on resume), ``best_score``
+(the evaluator's best so far; also in ``NET-best.ckpt``) and ``train_data`` (the training
+image count and steps per epoch, checked on resume). Checkpoints of
 other code bases whose ResNets hold the same tensors under other names (MindCV's) are renamed
 on loading (``SOURCE_LAYOUTS``).
 """
@@ -31,7 +33,8 @@ CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
 CONFIG_KEY = "run_config"
 BEST_KEY = "best_score"  # the evaluator's best so far, JSON {"top1": float, "epoch": int}
-METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY)
+DATA_KEY = "train_data"  # the data trained on, JSON {"images": int, "steps_per_epoch": int}
+METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
 OVERFLOW_COUNTER = "overflow_count"  # overflowed steps, counted by TrainStep on the device
 # TrainStep's gradient accumulation buffers (``grad_accum.<parameter>``, ``grad_accum_step``,
@@ -210,6 +213,14 @@ def stored_best(params):
     """The best evaluation score stored in a training checkpoint, ``{"top1": float, "epoch":
     int}``, or None (no evaluation yet, or a file written before it was stored)."""
     text = params.get(BEST_KEY)
+    return json.loads(text) if isinstance(text, str) and text else None
+
+
+def stored_data(params):
+    """The training data a checkpoint was trained on, ``{"images": int, "steps_per_epoch":
+    int}`` (the training images of ``data_path``, after ``val_split``; optimizer steps per
+    epoch per device), or None for files written before it was stored."""
+    text = params.get(DATA_KEY)
     return json.loads(text) if isinstance(text, str) and text else None
 
 
