@@ -76,7 +76,8 @@ def test_every_key_but_the_harmless_ones_is_checked_on_resume():
     harmless = ["--output_dir", "elsewhere", "--data_path", "moved", "--keep_checkpoint_max",
                 "3", "--save_checkpoint_steps", "7", "--num_parallel_workers", "2",
                 "--log_interval", "5", "--eval_interval", "3", "--run_eval", "true",
-                "--resume_ckpt", "auto", "--device_id", "1", "--sink_size", "4"]
+                "--resume_ckpt", "auto", "--device_id", "1", "--sink_size", "4",
+                "--tensorboard", "true"]
     check_same_recipe("net-1_5.ckpt", stored, dict(parse_config(harmless), device_num=1))
     assert {"weight_decay", "seed", "batch_size", "eval_image_size"}.isdisjoint(MAY_DIFFER)
     assert set(MAY_DIFFER) <= set(parse_config([]))  # no stale names

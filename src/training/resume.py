@@ -48,7 +48,8 @@ MAY_DIFFER = frozenset((
     "num_parallel_workers", "device_id", "run_distribute", "all_reduce_fusion_config", "mode",
     "dataset_sink_mode", "sink_size", "check_images", "max_image_pixels",
     # logging, profiling, plots, the overflow stop
-    "log_interval", "profile_steps", "plot", "benchmark_steps", "max_overflow_fraction",
+    "log_interval", "profile_steps", "plot", "tensorboard", "benchmark_steps",
+    "max_overflow_fraction",
     # checkpoint cadence and retention, eval cadence
     "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "run_eval",
     "eval_interval",
