@@ -63,6 +63,7 @@ def trained_parameters(tmp_path_factory):
             for variant in ("onestep", "trainstep")}
 
 
+@pytest.mark.slow
 def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_parameters):
     """nn.TrainOneStepCell: 3 steps, 2 ranks x 8 images vs 1 process x 16."""
     ranks, ref = trained_parameters["onestep"]["ranks"], trained_parameters["onestep"]["single"]
@@ -78,6 +79,7 @@ def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_p
     assert worst < 1e-5
 
 
+@pytest.mark.slow
 def test_train_step_in_data_parallel_equals_one_process_on_the_global_batch(
         trained_parameters):
     """TrainStep with 2 accumulated micro-batches, global-norm clipping (active: the gradient
@@ -114,6 +116,7 @@ def worker_log_lines(out, rank, text):
         return [line.rstrip("\n") for line in f if text in line]
 
 
+@pytest.mark.slow
 def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(tmp_path):
     """train.py on 2 ranks with --run_eval true, a weight EMA, LP-FT (fc alone in epoch 1, then
     layer4 too) and the class-balanced sampler, over an eval set whose size (199) does not
@@ -194,6 +197,7 @@ def worker_pids(marker):
     return pids
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
     out = tmp_path / "killed"
     env = python_first_env()
@@ -233,6 +237,7 @@ def rank_of(pid):
     return int(environ[b"RANK_ID"])
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it(
         tmp_path):
     """SIGTERM to rank 1 only (which writes nothing): the ranks agree at the step's end, every
@@ -283,6 +288,7 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_two_hosts_on_loopback(tmp_path):
     """Multi-host msrun, as documented: two launches, one worker each, node ranks 0 and 1."""
     port = free_port()

@@ -88,6 +88,7 @@ MODERN = ["--auto_augment", "trivialaugment_wide", "--random_erasing", "0.25",
 MODERN_FINAL = "resnet18-3_5.ckpt"
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tmp_path):
     full = str(tmp_path / "full")
     result = subprocess.run(train_cmd(cifar_small["train"], full, *MODERN), cwd=ROOT,
@@ -112,6 +113,7 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     assert_same_final_state(out, reference, MODERN_FINAL)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact(cifar_small, uninterrupted, tmp_path):
     out = str(tmp_path)
     code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL)
@@ -128,6 +130,7 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact(cifar_small, uninterrup
     assert [r["epoch"] for r in records] == [1, 2, 3]  # exactly one record per epoch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_stops_and_resumes_exactly(cifar_small, uninterrupted, tmp_path, signum):
     out = str(tmp_path)
@@ -173,6 +176,7 @@ def expected_names(path):
                                                             "run_config")]
 
 
+@pytest.mark.slow
 def test_auto_passes_over_a_truncated_checkpoint(one_epoch, cifar_small, tmp_path, caplog):
     from src.training.resume import find_resume_checkpoint
     out = str(tmp_path)
@@ -190,6 +194,7 @@ def test_auto_passes_over_a_truncated_checkpoint(one_epoch, cifar_small, tmp_pat
     assert explicit.returncode == 2 and "resnet18-1_10.ckpt" in explicit.stderr
 
 
+@pytest.mark.slow
 def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(one_epoch, tmp_path, caplog):
     """A file cut between two records still parses (a checkpoint is a sequence of records),
     with the optimizer's step but without the later parameters: not resumable."""
@@ -208,6 +213,7 @@ def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(one_epoch, tmp_p
     assert "expected parameters absent" in caplog.text and "resnet18-1_10.ckpt" in caplog.text
 
 
+@pytest.mark.slow
 def test_checkpoints_store_the_run_config_and_resume_checks_it(one_epoch, cifar_small):
     from src.utils.checkpoint import stored_config
     stored = stored_config(ms.load_checkpoint(os.path.join(one_epoch, "resnet18-1_10.ckpt")))
@@ -220,6 +226,7 @@ def test_checkpoints_store_the_run_config_and_resume_checks_it(one_epoch, cifar_
         assert f"other {key}" in result.stderr and "--resume_ignore_config true" in result.stderr
 
 
+@pytest.mark.slow
 def test_resume_ignore_config_resumes_with_another_epoch_size(one_epoch, cifar_small, tmp_path):
     out = str(tmp_path)
     shutil.copy(os.path.join(one_epoch, "resnet18-1_10.ckpt"), out)
@@ -231,6 +238,7 @@ def test_resume_ignore_config_resumes_with_another_epoch_size(one_epoch, cifar_s
         os.path.join(out, "resnet18-2_10.ckpt"))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cifar_small, tmp_path):
     out = str(tmp_path)
     result = run_entry("train.py", *ARGS, "--base_lr", "1e8", "--warmup_epochs", "0",

@@ -24,7 +24,7 @@ from src.training.signals import StopSignals
 from src.utils.checkpoint import atomic_save_checkpoint, checkpoint_name
 from src.utils.config import ConfigError
 from src.utils.errors import OutputDirError
-from tests.helpers import ROOT, run_entry
+from tests.helpers import ROOT, run_entry, slow_beyond
 
 LOG = logging.getLogger("test")
 QUICK = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "32",
@@ -279,7 +279,7 @@ def test_a_second_signal_exits_at_once(second):
         stop.restore()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", slow_beyond([signal.SIGTERM, signal.SIGINT], (signal.SIGINT,)))
 def test_a_signal_during_start_up_stops_with_a_message(tmp_path, signum):
     """Handlers are in place before the data check and graph compilation; Ctrl-C there
     exits 130 (the shell's status for SIGINT), SIGTERM 143."""
@@ -328,6 +328,7 @@ def test_help_shows_each_entry_point_the_keys_it_reads():
         assert key not in eval_help, key
 
 
+@pytest.mark.slow
 def test_all_gather_int_over_two_real_ranks(tmp_path):
     """The collective under the rank agreement, on MindSpore's CPU collectives (msrun, 2
     local workers on 127.0.0.1), values beyond float32's exact integers included."""
