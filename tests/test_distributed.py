@@ -42,7 +42,8 @@ def launcher(*args, timeout=LAUNCH_TIMEOUT):
 def trained_parameters(tmp_path_factory):
     """``tests/dist_worker.py`` on 2 ranks (one msrun launch) and in one process: the
     parameters after 3 steps of ``nn.TrainOneStepCell`` and of ``TrainStep`` (accumulation,
-    clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}."""
+    clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}; "logs": the
+    two ranks' msrun logs (the same launch also all-gathers ints across the ranks)."""
     out = tmp_path_factory.mktemp("dist_params")
     data = os.path.join(CIFAR_SAMPLE, "test")  # real images, every class in every batch
     worker = os.path.join(ROOT, "tests", "dist_worker.py")
@@ -53,14 +54,26 @@ def trained_parameters(tmp_path_factory):
                            "--cluster_time_out", "60", worker, "--out", str(out),
                            "--data_path", data], env=python_first_env(), capture_output=True,
                           text=True, timeout=LAUNCH_TIMEOUT, check=False)
-    assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:]
+    logs = "".join(open(out / "logs" / f"worker_{r}.log", errors="replace").read()
+                   for r in range(2))
+    assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:] + logs[-3000:]
     single = subprocess.run([sys.executable, worker, "--out", str(out), "--single",
                              "--data_path", data], capture_output=True, text=True,
                             timeout=LAUNCH_TIMEOUT, check=False)
     assert single.returncode == 0, single.stderr[-2000:]
-    return {variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
-                      "single": np.load(out / f"{variant}_single.npz")}
-            for variant in ("onestep", "trainstep")}
+    return {"logs": logs, **{
+        variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
+                  "single": np.load(out / f"{variant}_single.npz")}
+        for variant in ("onestep", "trainstep")}}
+
+
+@pytest.mark.slow
+def test_all_gather_int_over_two_real_ranks(trained_parameters):
+    """The collective under the rank agreement, on MindSpore's CPU collectives (msrun, 2
+    local workers on 127.0.0.1), values beyond float32's exact integers included: run by
+    ``tests/dist_worker.py`` after its training, in the launch above."""
+    for rank in range(2):
+        assert f"rank {rank} gathered [3, 13] [-1, 499999]" in trained_parameters["logs"]
 
 
 @pytest.mark.slow

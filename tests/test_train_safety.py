@@ -328,30 +328,6 @@ def test_help_shows_each_entry_point_the_keys_it_reads():
         assert key not in eval_help, key
 
 
-@pytest.mark.slow
-def test_all_gather_int_over_two_real_ranks(tmp_path):
-    """The collective under the rank agreement, on MindSpore's CPU collectives (msrun, 2
-    local workers on 127.0.0.1), values beyond float32's exact integers included."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
-    # msrun starts its workers with the `python` found first on PATH: this interpreter's
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    result = subprocess.run([msrun, "--worker_num", "2", "--local_worker_num", "2",
-                             "--master_addr", "127.0.0.1", "--master_port", str(port),
-                             "--log_dir", str(tmp_path), "--join", "True",
-                             "--cluster_time_out", "60",
-                             os.path.join(ROOT, "tests", "gather_worker.py")],
-                            env=env, capture_output=True, text=True, timeout=300, check=False)
-    logs = "".join(open(tmp_path / f"worker_{r}.log").read() for r in range(2))
-    assert result.returncode == 0, logs[-3000:]
-    for rank in range(2):
-        assert f"rank {rank} gathered [3, 13] [-1, 499999]" in logs
-
-
 @pytest.mark.parametrize("script", ["train.py", "eval.py", "predict.py", "export.py"])
 def test_a_signal_while_the_imports_load_is_one_line(script):
     """MindSpore takes seconds to import; a SIGTERM then used to end the process silently."""
