@@ -5,9 +5,11 @@ which take ``shared_data`` (``../shared/data`` beside the repository): without i
 skipped with the reason printed (``-rfEs`` in pytest.ini), or fail when ``CI`` is set, since CI
 has the data and must run them all.
 """
+import gc
 import glob
 import os
 import re
+import sys
 
 import pytest
 
@@ -21,6 +23,25 @@ from tests.helpers import (
 )
 
 set_cpu_fast_path()  # before any test module imports MindSpore
+
+
+def pytest_unconfigure(config):
+    """Free the cells the test functions compiled with ``ms.jit`` close over, while MindSpore
+    can still run their ``__del__``.
+
+    MindSpore keeps every function it compiles as a key of an ``lru_cache``
+    (``mindspore.graph.api._get_func_args_info_cached``, 4,096 entries), so the cells a
+    compiled closure refers to (tests/test_loss.py compiles the losses so) live until the
+    interpreter exits. By then it may have emptied ``mindspore.nn.cell``'s globals, and each
+    such cell's ``Cell.__del__`` fails on ``Cell.total_instance_count``: ``Exception ignored
+    in: Cell.__del__`` tracebacks after the summary, which read as failures. Emptying that
+    cache and collecting here, at the end of the session, frees them while the module is whole.
+    """
+    api = sys.modules.get("mindspore.graph.api")
+    cached = getattr(api, "_get_func_args_info_cached", None)
+    if cached is not None:
+        cached.cache_clear()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

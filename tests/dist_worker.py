@@ -17,6 +17,11 @@ gradient (the single process accumulates ``ACCUMULATION`` micro-batches of the g
 each a mean over equal halves, so the same mean). Files: ``{variant}_{name}.npz`` with the
 network's parameters after training (``ema.*``: the EMA's averages) and ``init.*`` (their
 values before the first step), name ``single`` or ``rank{r}_of{size}``.
+
+On 2 ranks each rank then also all-gathers two ints with ``all_gather_int`` (the collective
+under the ranks' agreement on the resume step, values beyond float32's exact integers
+included) and prints ``rank R gathered [...] [...]`` to its msrun log: one launch serves both
+checks.
 """
 import argparse
 import os
@@ -118,6 +123,10 @@ def main():
     for variant in args.variants.split(","):
         np.savez(os.path.join(args.out, f"{variant}_{name}.npz"),
                  **train(variant, args, rank))
+    if not args.single:
+        from src.utils.device import all_gather_int
+        print(f"rank {rank} gathered {all_gather_int(rank * 10 + 3)} "
+              f"{all_gather_int(-1 + rank * 500000)}", flush=True)
 
 
 if __name__ == "__main__":

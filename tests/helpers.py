@@ -13,6 +13,23 @@ GREYSCALE_JPEG = os.path.join(IMAGENET_SMALL, "n02096051", "n02096051_Airedale.J
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
+def slow_beyond(values, fast):
+    """``values`` for ``pytest.mark.parametrize``, each whose value (first value, for a tuple)
+    is not in ``fast`` marked ``slow``: the fast tier (``-m "not slow"``) runs a check on its
+    small cases, the full suite on all.
+
+    Returns:
+        list: The values, the slow ones as ``pytest.param(..., marks=pytest.mark.slow)``.
+    """
+    import pytest
+
+    params = []
+    for value in values:
+        args = value if isinstance(value, tuple) else (value,)
+        params.append(value if args[0] in fast else pytest.param(*args, marks=pytest.mark.slow))
+    return params
+
+
 def imagenet_images():
     """Paths of the shipped ImageNet JPEGs, one per class folder, in class (sorted wnid) order.
 

@@ -48,6 +48,7 @@ def imagenet_paths(count, step):
 
 # ---- 1. forward ----
 
+@pytest.mark.slow
 def test_eval_logits_equal_at_224():
     tnet, net = reference_pair("resnet50", 1000)
     images = preprocess_images(imagenet_paths(4, step=6), 224, 256)
@@ -177,6 +178,7 @@ def report(title, r):
           f"{r['update_exact']:.2e}")
 
 
+@pytest.mark.slow
 def test_frozen_bn_step_equals_torch(step_batch):
     """BatchNorm on its running statistics (random, away from 0/1), as when fine-tuning with
     frozen BN: no batch coupling, so gradients and updates must agree to float32 rounding
@@ -191,6 +193,7 @@ def test_frozen_bn_step_equals_torch(step_batch):
     assert r["update_exact"] < 1e-4 and r["update"] <= 2 * r["update_floor"] + 1e-6
 
 
+@pytest.mark.slow
 def test_train_mode_step_equals_torch_to_its_own_rounding(step_batch):
     """Train mode (batch statistics), one step. BatchNorm over 2x2x8 = 32 values per channel in
     layer4 amplifies float32 rounding (5e-5 relative there), a few ReLU decisions at
@@ -206,6 +209,7 @@ def test_train_mode_step_equals_torch_to_its_own_rounding(step_batch):
     assert r["update"] <= 2 * r["update_floor"] + 1e-6
 
 
+@pytest.mark.slow
 def test_momentum_steps_equal_torch_sgd():
     """The optimizer alone: three steps with the same given gradients and a per-step LR array;
     momentum 0.875, weight decay 1/32768 on conv/fc weights only, as torch.optim.SGD.
@@ -351,6 +355,7 @@ def test_eval_preprocessing_equals_torchvision_on_pil():
     assert pixel < 1e-3  # float32 normalization rounding only
 
 
+@pytest.mark.slow
 def test_eval_preprocessing_equals_torchvision_on_the_imagenet_sample(shared_data):
     """The same on every image of ``../shared/data/imagenet_sample`` (1,000 classes, 23
     greyscale JPEGs): too large to ship."""
@@ -372,6 +377,7 @@ def cifar_batches(batch, steps):
     return preprocess_images(paths, 32, 32), labels
 
 
+@pytest.mark.slow
 def test_training_loss_curves_agree_on_cifar():
     """Eight steps of ResNet-18 from the same (torchvision-initialized) weights on real CIFAR-10
     images, batch 32, LR 0.005; the yard stick is again torch against itself in channels_last

@@ -10,7 +10,7 @@ from PIL import Image
 
 from src.data.image_check import ImageFolderError, check_image_folder
 from src.models.resnet import create_network
-from tests.helpers import GREYSCALE_JPEG, copy_class_folders, run_entry
+from tests.helpers import GREYSCALE_JPEG, copy_class_folders, run_entry, slow_beyond
 
 COMMON = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
           "--run_eval", "false"]
@@ -84,6 +84,7 @@ def test_corrupt_and_truncated_jpegs_are_named_before_training(folder):
     assert "corrupt.jpg" in message and "truncated.jpg" in message
 
 
+@pytest.mark.slow
 def test_corrupt_file_with_the_check_off_is_still_named(folder):
     with open(os.path.join(folder, "cat", "corrupt.jpg"), "w") as f:
         f.write("not an image")
@@ -92,6 +93,7 @@ def test_corrupt_file_with_the_check_off_is_still_named(folder):
     assert "cannot decode image" in message and "corrupt.jpg" in message
 
 
+@pytest.mark.slow
 def test_png_cmyk_greyscale_decode_and_gif_is_skipped(folder):
     cat = os.path.join(folder, "cat")
     with Image.open(os.path.join(cat, "0000.jpg")) as im:
@@ -119,11 +121,11 @@ def r18_1000(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("script,args", [
+@pytest.mark.parametrize("script,args", slow_beyond([
     ("eval.py", ["--data_path", SAMPLE]),
     ("export.py", ["--file_name", "unused"]),
     ("predict.py", ["--image_path", os.path.join(SAMPLE, "cat", "0000.jpg")]),
-])
+], ("eval.py",)))
 def test_checkpoint_of_another_depth_or_class_count(script, args, r18_1000):
     depth = error_of(script, "--net_name", "resnet34", "--class_num", "10", "--checkpoint_path",
                      r18_1000, *args)
@@ -133,11 +135,13 @@ def test_checkpoint_of_another_depth_or_class_count(script, args, r18_1000):
     assert "fc.weight: checkpoint (1000, 512) vs network (10, 512)" in classes
 
 
+@pytest.mark.slow
 def test_pre_trained_of_another_depth_is_named(folder, r18_1000):
     message = train_error(folder, "--net_name", "resnet34", "--pre_trained", r18_1000)
     assert "does not fit the network" in message and "missing in checkpoint" in message
 
 
+@pytest.mark.slow
 def test_model_files_that_do_not_exist(tmp_path):
     assert "MindIR file not found" in error_of(
         "predict.py", "--checkpoint_path", tmp_path / "none.mindir", "--image_path", SAMPLE)
@@ -151,7 +155,7 @@ def test_model_files_that_do_not_exist(tmp_path):
 
 # ---- config values ----
 
-@pytest.mark.parametrize("key,value,expected", [
+@pytest.mark.parametrize("key,value,expected", slow_beyond([
     ("batch_size", "0", "batch_size must be a positive integer"),
     ("batch_size", "-8", "batch_size must be a positive integer"),
     ("epoch_size", "0", "epoch_size must be a positive integer"),
@@ -164,11 +168,12 @@ def test_model_files_that_do_not_exist(tmp_path):
     ("train_crop_scale", "0.5", "train_crop_scale must be [min, max]"),
     ("train_crop_scale", "0.9,0.2", "train_crop_scale must be [min, max]"),
     ("epoch_size", "ten", "'epoch_size' expects an integer, got 'ten'"),
-])
+], ("epoch_size",)))
 def test_bad_values_name_the_key(folder, key, value, expected):
     assert expected in train_error(folder, f"--{key}", value)
 
 
+@pytest.mark.slow
 def test_unknown_key_in_a_recipe_file(folder, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("net_name: resnet18\nlearning_rate: 0.1\n")
@@ -176,6 +181,7 @@ def test_unknown_key_in_a_recipe_file(folder, tmp_path):
     assert "unknown config key 'learning_rate'" in message and "recipe.yaml" in message
 
 
+@pytest.mark.slow
 def test_short_cifar10_binary_file_is_named(tmp_path):
     for i in range(1, 6):
         (tmp_path / f"data_batch_{i}.bin").write_bytes(b"\x00" * 3073 * 10000)
@@ -185,6 +191,7 @@ def test_short_cifar10_binary_file_is_named(tmp_path):
     assert "data_batch_3.bin (30730 bytes)" in message and "10000 records of 3073 bytes" in message
 
 
+@pytest.mark.slow
 def test_predict_counts_must_be_positive(r18_1000):
     for key in ("top_k", "batch_size"):
         message = error_of("predict.py", "--net_name", "resnet18", "--checkpoint_path", r18_1000,
@@ -192,6 +199,7 @@ def test_predict_counts_must_be_positive(r18_1000):
         assert f"{key} must be a positive integer, got 0" in message
 
 
+@pytest.mark.slow
 def test_eval_folders_must_match_the_classes(folder, tmp_path):
     message = error_of("eval.py", *COMMON, "--checkpoint_path", tmp_path / "unused.ckpt",
                        "--data_path", folder)  # 2 class folders, class_num 10
@@ -201,6 +209,7 @@ def test_eval_folders_must_match_the_classes(folder, tmp_path):
     assert "has other class folders than data_path" in message
 
 
+@pytest.mark.slow
 def test_converter_names_an_unreadable_file(tmp_path):
     import subprocess
     import sys

@@ -16,6 +16,7 @@ CASES = ["ms_train_step", "ms_train_loop", "ms_infer_mindir", "ort_infer", "torc
          "torch_infer_nchw", "gemm_ort", "data_pipeline"]
 
 
+@pytest.mark.slow
 def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path):
     result = run_entry("benchmarks/cpu_benchmark.py", "--net_name", "resnet18", "--batch_size",
                        "2", "--image_size", "32", "--class_num", "10", "--rounds", "1",
@@ -45,6 +46,7 @@ def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path
     assert open(tmp_path / "again" / "cpu_benchmark.md").read() == table
 
 
+@pytest.mark.slow
 def test_onednn_breakdown_reports_convolution_time():
     result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
                        "--batch_size", "2", "--image_size", "32")
@@ -67,6 +69,7 @@ def cpu_has_avx512():
         return "avx512f" in f.read()
 
 
+@pytest.mark.slow
 def test_onednn_breakdown_compares_ours_with_pytorch_per_part():
     """The PyTorch reference runs with oneDNN's own ISA choice (not our AVX2 cap), and the
     summary splits each step into convolution passes and the rest."""
@@ -86,6 +89,7 @@ def test_onednn_breakdown_compares_ours_with_pytorch_per_part():
         assert float(cells[4]) > 0 and float(cells[6]) > 0, cells
 
 
+@pytest.mark.slow
 def test_onednn_breakdown_runs_each_isa_level():
     result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
                        "--batch_size", "2", "--image_size", "32", "--cases", "ms_infer",

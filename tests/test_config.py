@@ -84,6 +84,8 @@ def test_value_outside_choices_is_named():
 
 
 def test_every_key_has_help_and_each_entry_point_lists_its_sections():
+    """Each entry point's ``--help`` lists exactly the keys of the sections it reads, under the
+    sections' titles (train.py: its checkpoint keys, no export key; eval.py: no training key)."""
     import importlib
     import re
 
@@ -92,15 +94,22 @@ def test_every_key_has_help_and_each_entry_point_lists_its_sections():
     assert set(defaults) == set(helps)
     sections = read_sections()
     assert sorted(k for keys in sections.values() for k in keys) == sorted(defaults)
-    listed_somewhere = set()
+    listed_somewhere, helps = set(), {}
     for script in ("train", "eval", "export", "predict"):
         result = run_entry(f"{script}.py", "--help", timeout=120)
         assert result.returncode == 0
+        helps[script] = result.stdout
         listed = set(re.findall(r"^  --(\w+)", result.stdout, re.M)) - {"config_path", "help"}
         wanted = {k for name in importlib.import_module(script).SECTIONS for k in sections[name]}
         assert listed == wanted, script
         listed_somewhere |= listed
     assert listed_somewhere == set(defaults)
+    train_help, eval_help = helps["train"], helps["eval"]
+    assert "training checkpoints:" in train_help and "--resume_ckpt" in train_help
+    assert "--file_format" not in train_help
+    assert "--checkpoint_path" in eval_help and "--data_path" in eval_help
+    for key in ("--epoch_size", "--base_lr", "--resume_ckpt", "--file_format"):
+        assert key not in eval_help, key
 
 
 def test_recipes_in_configs_folder_load():

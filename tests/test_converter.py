@@ -10,7 +10,7 @@ import torch
 
 from src.models.resnet import NETWORKS, create_network
 from src.utils.checkpoint import load_into_network
-from tests.helpers import ROOT
+from tests.helpers import ROOT, slow_beyond
 from tests.torch_resnet import torch_resnet
 from tools.convert_torch_checkpoint import (
     ConversionError,
@@ -27,7 +27,7 @@ def run_tool(*args):
                           text=True, timeout=300, check=False)
 
 
-@pytest.mark.parametrize("name", list(NETWORKS))
+@pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34")))
 def test_every_depth_maps_onto_our_network(name):
     state = torch_resnet(name, 7).state_dict()
     arrays = torch_state_to_ms_arrays(state)
@@ -68,6 +68,7 @@ def r18_pth(tmp_path_factory):
     return path, net.state_dict()
 
 
+@pytest.mark.slow
 def test_round_trip_is_bit_exact(r18_pth, tmp_path):
     pth, state = r18_pth
     ckpt, back = tmp_path / "r18.ckpt", tmp_path / "back.pth"
@@ -98,6 +99,7 @@ def test_converted_checkpoint_loads_into_our_network(r18_pth, tmp_path):
                                   state["layer2.0.bn1.running_var"].numpy())
 
 
+@pytest.mark.slow
 def test_wrapped_and_dataparallel_files(r18_pth, tmp_path):
     _, state = r18_pth
     wrapped = tmp_path / "wrapped.pth"
@@ -109,6 +111,7 @@ def test_wrapped_and_dataparallel_files(r18_pth, tmp_path):
                                   state["conv1.weight"].numpy())
 
 
+@pytest.mark.slow
 def test_training_checkpoint_with_optimizer_state_converts_back(tmp_path):
     net = create_network("resnet18", 10)
     path = str(tmp_path / "train.ckpt")
@@ -120,6 +123,7 @@ def test_training_checkpoint_with_optimizer_state_converts_back(tmp_path):
     assert "moments.fc.weight" not in torch.load(tmp_path / "out.pth", weights_only=True)
 
 
+@pytest.mark.slow
 def test_unmatched_and_misshaped_names_are_listed(r18_pth, tmp_path):
     _, state = r18_pth
     bad = dict(state)
@@ -135,6 +139,7 @@ def test_unmatched_and_misshaped_names_are_listed(r18_pth, tmp_path):
     assert not (tmp_path / "bad.ckpt").exists()
 
 
+@pytest.mark.slow
 def test_bad_suffix_and_missing_input(tmp_path):
     result = run_tool(tmp_path / "a.pth", tmp_path / "b.onnx")
     assert result.returncode == 2 and "got" in result.stderr and "b.onnx" in result.stderr
@@ -167,6 +172,7 @@ def trained_torch_net(ckpt):
     return tnet.eval()
 
 
+@pytest.mark.slow
 def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path):
     """Trained weights (the quick start's checkpoint) as a torchvision .pth, converted with the
     tool: eval.py on the converted checkpoint scores torch's top-1 on the .pth (torchvision's
@@ -205,6 +211,7 @@ def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path)
     assert ours["top1"] == pytest.approx(torch_top1, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_train_py_converts_to_pth(quick_start, tmp_path):
     """train.py's checkpoints (network, optimizer state and the entries train.py adds) convert
     to a .pth that holds exactly the network's weights."""

@@ -42,7 +42,8 @@ def launcher(*args, timeout=LAUNCH_TIMEOUT):
 def trained_parameters(tmp_path_factory):
     """``tests/dist_worker.py`` on 2 ranks (one msrun launch) and in one process: the
     parameters after 3 steps of ``nn.TrainOneStepCell`` and of ``TrainStep`` (accumulation,
-    clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}."""
+    clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}; "logs": the
+    two ranks' msrun logs (the same launch also all-gathers ints across the ranks)."""
     out = tmp_path_factory.mktemp("dist_params")
     data = os.path.join(CIFAR_SAMPLE, "test")  # real images, every class in every batch
     worker = os.path.join(ROOT, "tests", "dist_worker.py")
@@ -53,16 +54,29 @@ def trained_parameters(tmp_path_factory):
                            "--cluster_time_out", "60", worker, "--out", str(out),
                            "--data_path", data], env=python_first_env(), capture_output=True,
                           text=True, timeout=LAUNCH_TIMEOUT, check=False)
-    assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:]
+    logs = "".join(open(out / "logs" / f"worker_{r}.log", errors="replace").read()
+                   for r in range(2))
+    assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:] + logs[-3000:]
     single = subprocess.run([sys.executable, worker, "--out", str(out), "--single",
                              "--data_path", data], capture_output=True, text=True,
                             timeout=LAUNCH_TIMEOUT, check=False)
     assert single.returncode == 0, single.stderr[-2000:]
-    return {variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
-                      "single": np.load(out / f"{variant}_single.npz")}
-            for variant in ("onestep", "trainstep")}
+    return {"logs": logs, **{
+        variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
+                  "single": np.load(out / f"{variant}_single.npz")}
+        for variant in ("onestep", "trainstep")}}
 
 
+@pytest.mark.slow
+def test_all_gather_int_over_two_real_ranks(trained_parameters):
+    """The collective under the rank agreement, on MindSpore's CPU collectives (msrun, 2
+    local workers on 127.0.0.1), values beyond float32's exact integers included: run by
+    ``tests/dist_worker.py`` after its training, in the launch above."""
+    for rank in range(2):
+        assert f"rank {rank} gathered [3, 13] [-1, 499999]" in trained_parameters["logs"]
+
+
+@pytest.mark.slow
 def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_parameters):
     """nn.TrainOneStepCell: 3 steps, 2 ranks x 8 images vs 1 process x 16."""
     ranks, ref = trained_parameters["onestep"]["ranks"], trained_parameters["onestep"]["single"]
@@ -78,6 +92,7 @@ def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_p
     assert worst < 1e-5
 
 
+@pytest.mark.slow
 def test_train_step_in_data_parallel_equals_one_process_on_the_global_batch(
         trained_parameters):
     """TrainStep with 2 accumulated micro-batches, global-norm clipping (active: the gradient
@@ -114,6 +129,7 @@ def worker_log_lines(out, rank, text):
         return [line.rstrip("\n") for line in f if text in line]
 
 
+@pytest.mark.slow
 def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(tmp_path):
     """train.py on 2 ranks with --run_eval true, a weight EMA, LP-FT (fc alone in epoch 1, then
     layer4 too) and the class-balanced sampler, over an eval set whose size (199) does not
@@ -194,6 +210,7 @@ def worker_pids(marker):
     return pids
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
     out = tmp_path / "killed"
     env = python_first_env()
@@ -233,6 +250,7 @@ def rank_of(pid):
     return int(environ[b"RANK_ID"])
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it(
         tmp_path):
     """SIGTERM to rank 1 only (which writes nothing): the ranks agree at the step's end, every
@@ -283,6 +301,7 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_two_hosts_on_loopback(tmp_path):
     """Multi-host msrun, as documented: two launches, one worker each, node ranks 0 and 1."""
     port = free_port()

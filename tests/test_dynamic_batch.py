@@ -60,6 +60,7 @@ def sample_images(count=7):
     return preprocess_images(paths, 32, 32)
 
 
+@pytest.mark.slow
 def test_dynamic_files_declare_a_symbolic_batch_in_input_and_output(files):
     assert declared_batch_dims(files["fixed.onnx"]) == (EXPORT_BATCH, EXPORT_BATCH)
     for name in ("dynamic.onnx", "dynamic.mindir", "int8.onnx"):
@@ -71,6 +72,7 @@ def test_dynamic_files_declare_a_symbolic_batch_in_input_and_output(files):
             ["batch", "batch"], name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dynamic.onnx", "dynamic.mindir"])
 def test_any_batch_size_gives_the_logits_of_the_fixed_batch_export(files, name):
     images = sample_images()
@@ -80,6 +82,7 @@ def test_any_batch_size_gives_the_logits_of_the_fixed_batch_export(files, name):
         np.testing.assert_allclose(logits, fixed, rtol=0, atol=ATOL, err_msg=f"{batch_size}")
 
 
+@pytest.mark.slow
 def test_a_dynamic_mindir_runs_batch_size_after_batch_size_in_one_graph_cell(files):
     # MindSpore 2.10 with the padded CPU stem pool: the 2nd batch size fails in nn.GraphCell
     graph = load_mindir(files["dynamic.mindir"])
@@ -88,6 +91,7 @@ def test_a_dynamic_mindir_runs_batch_size_after_batch_size_in_one_graph_cell(fil
         assert graph(ms.Tensor(images[:count])).asnumpy().shape == (count, 10)
 
 
+@pytest.mark.slow
 def test_int8_keeps_the_dynamic_batch(files):
     images = sample_images()
     one_run = load_predictor(files["int8.onnx"], "resnet18", 10, 7)(images)
@@ -96,6 +100,7 @@ def test_int8_keeps_the_dynamic_batch(files):
                                                   batch_size)(images), one_run, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_eval_and_predict_take_any_batch_size(files, cifar_small, tmp_path, monkeypatch, capsys):
     evaluation, predict = importlib.import_module("eval"), importlib.import_module("predict")
     for module in (evaluation, predict):

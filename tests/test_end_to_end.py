@@ -14,6 +14,9 @@ from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
 from tests.helpers import CIFAR_SAMPLE, IMAGENET_SMALL, copy_class_folders, run_entry, succeeded
 
+# every test here runs an entry point on a trained checkpoint, or trains: the slow tier
+pytestmark = pytest.mark.slow
+
 COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--train_image_size", "32",
           "--eval_image_size", "32", "--eval_resize", "32", "--num_parallel_workers", "2"]
 

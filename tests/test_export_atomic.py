@@ -30,6 +30,7 @@ def full_disk():
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file_format, suffix, extra", [
     ("ONNX", ".onnx", []), ("MINDIR", ".mindir", []),
     ("ONNX", ".onnx", ["--quantize", "int8", "--calibration_images", "8",

@@ -50,6 +50,7 @@ def start(quick_start):
     return quick_start["ckpt"]
 
 
+@pytest.mark.slow
 def test_frozen_stages_and_frozen_batchnorm_stay_bit_identical_through_a_run(cifar_small, start,
                                                                              tmp_path):
     out = str(tmp_path / "out")
@@ -114,6 +115,7 @@ def test_lr_of_each_group_is_timms_layer_decay(net_name, layer_decay, head_lr_sc
     assert decayed == {n for n in names if not n.endswith((".gamma", ".beta", ".bias"))}
 
 
+@pytest.mark.slow
 def test_linear_probe_then_fine_tune_resumes_exactly_on_both_sides_of_the_switch(
         cifar_small, start, tmp_path):
     args = ["--pre_trained", start, "--epoch_size", "2", "--linear_probe_epochs", "1",

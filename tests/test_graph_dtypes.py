@@ -107,6 +107,7 @@ def float64_lines(folder):
     return found, count, "\n".join(texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_training_graphs_hold_no_float64(optimizer, tmp_path):
     """Momentum, AdamW and LAMB: the saved IR of the compiled training step (and of the

@@ -30,7 +30,7 @@ from src.utils.checkpoint import (
     load_into_network,
     source_layout,
 )
-from tests.helpers import CIFAR_SAMPLE
+from tests.helpers import CIFAR_SAMPLE, slow_beyond
 
 SIZE = 32  # the CIFAR-10 sample's size: the stem's output (16) is even, where the pools differ
 QUICK = ["--config_path", "configs/quick_start.yaml", "--stem_pool_pad_mode", "same"]
@@ -93,7 +93,8 @@ def our_logits(name, path, images, pad_mode, **kwargs):
     return net(ms.Tensor(images)).asnumpy()
 
 
-@pytest.mark.parametrize("name,renamed", [("resnet18", 17), ("resnet50", 22)])
+@pytest.mark.parametrize("name,renamed", slow_beyond([("resnet18", 17), ("resnet50", 22)],
+                                                     ("resnet18",)))
 def test_mindcv_checkpoint_gives_mindcv_logits_with_pad_mode_same(name, renamed, images,
                                                                   tmp_path, checkpoint_log):
     """Renamed (classifier -> fc, down_sample -> downsample; 2 + 3 or 4 projections of 5
@@ -215,6 +216,7 @@ def test_eval_on_a_mindcv_checkpoint(mindcv_r18, cifar_small, tmp_path, capsys, 
         assert item["probability"] == pytest.approx(row.max(), abs=2e-5)
 
 
+@pytest.mark.slow
 def test_onnx_export_of_a_mindcv_checkpoint_gives_mindspore_logits(mindcv_r18, images,
                                                                    tmp_path, monkeypatch):
     """export.py --stem_pool_pad_mode same --file_format ONNX (in-process): ONNX Runtime gives

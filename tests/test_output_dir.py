@@ -76,6 +76,7 @@ def full_disk():
     resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_an_output_dir_that_is_a_file_is_named_before_any_work(tmp_path, script):
     target = tmp_path / "results"
@@ -86,6 +87,7 @@ def test_an_output_dir_that_is_a_file_is_named_before_any_work(tmp_path, script)
     assert result.stderr.strip().endswith(f"output_dir {target} is a file, not a folder")
 
 
+@pytest.mark.slow
 def test_an_unwritable_output_dir_is_named_at_start_up(tmp_path):
     # Root writes into a chmod-000 folder; an immutable one (chattr +i) it cannot.
     target = tmp_path / "read_only"
@@ -103,6 +105,7 @@ def test_an_unwritable_output_dir_is_named_at_start_up(tmp_path):
     assert os.listdir(target) == []
 
 
+@pytest.mark.slow
 def test_eval_on_a_full_disk_exits_4_and_keeps_the_earlier_result(tmp_path, quick_start):
     out = tmp_path / "eval"
     out.mkdir()

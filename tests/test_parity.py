@@ -162,6 +162,7 @@ def test_both_pipelines_feed_the_same_images(train_images):
         np.testing.assert_allclose(batch["image"], twin, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_per_epoch_loss_within_twin_seed_spread(parity_runs):
     losses, mean, half = loss_band(parity_runs)
     ours = np.array([r["loss"] for r in parity_runs["ours"]])
@@ -182,6 +183,7 @@ def test_per_epoch_loss_within_twin_seed_spread(parity_runs):
         np.abs(control - mean)[EARLY:] > half[EARLY:]), "the band does not reject momentum 0"
 
 
+@pytest.mark.slow
 def test_twin_writes_train_py_metrics_format(parity_runs):
     """Same record keys and the same steps."""
     ours, twin = parity_runs["ours"], parity_runs[("torch", TWIN_SEEDS[0])]
@@ -189,6 +191,7 @@ def test_twin_writes_train_py_metrics_format(parity_runs):
     assert [r["step"] for r in twin] == [r["step"] for r in ours]
 
 
+@pytest.mark.slow
 def test_lr_of_every_step_equals_the_twins(parity_runs):
     """One step per epoch, so the records hold the LR of every step: ours from
     ``src.training.lr_schedule``, the twin's from its own formulas (``lr_per_step``)."""
@@ -222,6 +225,7 @@ def test_twin_lr_formulas_equal_ours_for_every_schedule(extra):
     assert "src.training.lr_schedule" not in imported
 
 
+@pytest.mark.slow
 def test_plot_tool_writes_png(parity_runs, tmp_path):
     paths = [os.path.join(parity_runs["dirs"][k], "metrics.jsonl")
              for k in ("ours", ("torch", TWIN_SEEDS[0]))]

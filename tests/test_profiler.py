@@ -236,6 +236,7 @@ def test_parse_profile_steps_rejects(value):
         parse_profile_steps(value)
 
 
+@pytest.mark.slow
 def test_train_py_profile_steps_end_to_end(cifar_small, tmp_path):
     """As a user runs it: train.py --profile_steps 2,3 writes the profiler's files under
     output_dir/profiler and logs the operator table; training ends normally."""

@@ -4,6 +4,7 @@ import io
 import os
 
 import mindspore as ms
+import pytest
 
 from src.data import image_check
 from src.models.resnet import create_network
@@ -95,6 +96,7 @@ def test_a_large_image_check_shows_progress(tmp_path, monkeypatch, capsys):
     assert "image check: 4/4 images" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_py_writes_progress_lines_when_not_a_terminal(tmp_path):
     ckpt = str(tmp_path / "r18.ckpt")
     ms.save_checkpoint(create_network("resnet18", 10), ckpt)

@@ -114,6 +114,7 @@ def onnx_logits(path, images):
 
 # ---- the file ----
 
+@pytest.mark.slow
 def test_int8_export_is_a_qdq_graph_with_int8_weights(exported):
     model = onnx.load(exported["int8"])
     ops = collections.Counter(node.op_type for node in model.graph.node)
@@ -135,6 +136,7 @@ def test_int8_export_is_a_qdq_graph_with_int8_weights(exported):
     assert "calibration: 256/256 images" in result.stderr
 
 
+@pytest.mark.slow
 def test_every_convolution_has_per_channel_symmetric_int8_weights(exported):
     """The quantization structure of quantize.py's choices, read from the graph (the accuracy
     bounds below cannot tell per-tensor from per-channel weights on the weak probe): every
@@ -178,6 +180,7 @@ def eval_top1(model, out):
     return report["top1"]
 
 
+@pytest.mark.slow
 def test_eval_top1_of_int8_is_close_to_fp32(exported, tmp_path):
     fp32 = eval_top1(exported["fp32"], str(tmp_path / "fp32"))
     int8 = eval_top1(exported["int8"], str(tmp_path / "int8"))
@@ -185,6 +188,7 @@ def test_eval_top1_of_int8_is_close_to_fp32(exported, tmp_path):
     assert int8 >= fp32 - MAX_TOP1_DROP, (fp32, int8)
 
 
+@pytest.mark.slow
 def test_int8_logits_follow_fp32_on_real_images(exported):
     paths, _ = labelled(TEST, 200)
     images = preprocess_images(paths, 32, 32)
@@ -196,6 +200,7 @@ def test_int8_logits_follow_fp32_on_real_images(exported):
     assert (fp32.argmax(1) == int8.argmax(1)).mean() >= MIN_TOP1_AGREEMENT
 
 
+@pytest.mark.slow
 def test_predict_runs_on_the_int8_file(exported):
     folder = os.path.join(TEST, "cat")
     result = succeeded(run_entry("predict.py", *COMMON, "--checkpoint_path", exported["int8"],

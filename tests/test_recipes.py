@@ -16,6 +16,7 @@ SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "6
          "--data_path", IMAGENET_SMALL]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, expected", [
     ("resnet50_rsb_a3.yaml", "optimizer lamb, loss bce"),
     ("resnet50_torchvision_v2.yaml", "optimizer momentum, loss ce, weight EMA decay 0.99996585"),
@@ -57,6 +58,7 @@ def ema_run(tmp_path_factory):
     return out, records[-1]
 
 
+@pytest.mark.slow
 def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tmp_path):
     out, last = ema_run
     assert {"top1", "top5", "ema_top1", "ema_top5"} <= set(last)
@@ -70,6 +72,7 @@ def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tm
         assert ("its EMA weights" in result.stdout) == (use_ema == "true")
 
 
+@pytest.mark.slow
 def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
     import onnxruntime as ort
 

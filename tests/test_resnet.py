@@ -19,7 +19,7 @@ from src.models.resnet import (
     use_device_max_pool,
     use_exportable_max_pool,
 )
-from tests.helpers import imagenet_images
+from tests.helpers import imagenet_images, slow_beyond
 
 # torchvision's parameter counts (trainable) at 1000 classes.
 TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
@@ -30,12 +30,12 @@ def count(net):
     return sum(p.size for p in net.trainable_params())
 
 
-@pytest.mark.parametrize("name", list(NETWORKS))
+@pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
 def test_parameter_count_equals_torchvision(name):
     assert count(create_network(name)) == TORCHVISION_PARAMS[name]
 
 
-@pytest.mark.parametrize("name", list(NETWORKS))
+@pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
 def test_output_shape_every_depth(name):
     net = create_network(name, class_num=7)
     net.set_train(False)
@@ -237,6 +237,7 @@ def test_same_pool_is_tensorflow_same_and_differs_from_torch_on_even_sides():
     assert (out != torch_form).any()  # even height: the windows are shifted by one row
 
 
+@pytest.mark.slow
 def test_same_pool_kept_on_every_device_and_in_export(tmp_path):
     """With ``same`` every device target and the ONNX/AIR export keep MindCV's pool (a plain
     MaxPool, exported as MaxPool auto_pad SAME_UPPER): ONNX Runtime gives MindSpore's output,

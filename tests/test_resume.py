@@ -32,11 +32,12 @@ def train_cmd(data, out, *extra):
 
 
 def start_and_interrupt(data, out, signum, *extra):
-    """Start training, send ``signum`` as soon as the first checkpoint exists."""
+    """Start training, send ``signum`` as soon as the first checkpoint it writes exists."""
+    before = set(checkpoints_in(out))
     proc = subprocess.Popen(train_cmd(data, out, *extra), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while time.time() < deadline and not checkpoints_in(out):
+    while time.time() < deadline and not set(checkpoints_in(out)) - before:
         time.sleep(0.02)
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
@@ -56,12 +57,21 @@ def saved_steps(out, steps_per_epoch=10):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cifar_small, tmp_path_factory):
+def full_run(cifar_small, tmp_path_factory):
+    """The folder of a finished run of 3 epochs (30 steps, a checkpoint every 3 steps and at
+    each epoch's end, all kept): the reference of the resumed runs, and the checkpoints the
+    checks of resumable files start from (``resnet18-1_9.ckpt``, ``resnet18-1_10.ckpt``)."""
     out = str(tmp_path_factory.mktemp("full"))
     result = subprocess.run(train_cmd(cifar_small["train"], out), cwd=ROOT, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
-    return ms.load_checkpoint(os.path.join(out, FINAL))
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(full_run):
+    """The final state of ``full_run``."""
+    return ms.load_checkpoint(os.path.join(full_run, FINAL))
 
 
 def assert_same_final_state(out, reference, final_name=FINAL):
@@ -88,6 +98,7 @@ MODERN = ["--auto_augment", "trivialaugment_wide", "--random_erasing", "0.25",
 MODERN_FINAL = "resnet18-3_5.ckpt"
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tmp_path):
     full = str(tmp_path / "full")
     result = subprocess.run(train_cmd(cifar_small["train"], full, *MODERN), cwd=ROOT,
@@ -112,26 +123,41 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     assert_same_final_state(out, reference, MODERN_FINAL)
 
 
-def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact(cifar_small, uninterrupted, tmp_path):
-    out = str(tmp_path)
-    code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL)
+@pytest.mark.slow
+def test_sigkill_sigterm_and_sigint_each_resume_exactly(cifar_small, uninterrupted, tmp_path):
+    """One run stopped three times, each time as soon as it wrote a checkpoint: SIGKILL (it
+    resumes from its newest checkpoint), then, in the resumed run, SIGTERM, then SIGINT (each
+    saves at the step it stops and exits 128 + the signal); each resume continues at the step
+    the stop left, and the run ends bit-identical to the uninterrupted one, one record per
+    epoch. (The three interruptions were three runs; their checks are kept one by one.)"""
+    data, out = cifar_small["train"], str(tmp_path)
+    code, _, _ = start_and_interrupt(data, out, signal.SIGKILL)
     assert code == -signal.SIGKILL
     done = saved_steps(out)
     assert done and done[-1] < 30, f"the run was not interrupted mid-way: {done}"
-    resumed = subprocess.run(train_cmd(cifar_small["train"], out, "--resume_ckpt", "auto"),
-                             cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    print(f"\n[resume] killed after step {done[-1]} of 30")
+    step = done[-1]
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        code, stdout, _ = start_and_interrupt(data, out, signum, "--resume_ckpt", "auto")
+        # it resumed where the last stop left it (a silent restart would also end bit-identical)
+        assert f"{step} steps done" in stdout, stdout[-2000:]
+        assert f"(global {step})" not in stdout and f"(global {step + 1})" in stdout
+        step = stopped_by_signal(out, code, stdout, signum, step)
+    resumed = subprocess.run(train_cmd(data, out, "--resume_ckpt", "auto"), cwd=ROOT,
+                             capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"{done[-1]} steps done" in resumed.stdout
-    print(f"\n[resume] killed after step {done[-1]} of 30; resumed run ends bit-identical")
+    assert f"{step} steps done" in resumed.stdout, resumed.stdout[-2000:]
+    assert f"(global {step})" not in resumed.stdout and f"(global {step + 1})" in resumed.stdout
+    print(f"[resume] stopped again at step {step}; the resumed run ends bit-identical")
     assert_same_final_state(out, uninterrupted)
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["epoch"] for r in records] == [1, 2, 3]  # exactly one record per epoch
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_stops_and_resumes_exactly(cifar_small, uninterrupted, tmp_path, signum):
-    out = str(tmp_path)
-    code, stdout, _ = start_and_interrupt(cifar_small["train"], out, signum)
+def stopped_by_signal(out, code, stdout, signum, resumed_at):
+    """Checks of a run stopped by ``signum`` (resumed at step ``resumed_at``): it says so,
+    exits 128 + the signal, tells how to resume, saved the step it stopped at and wrote whole
+    epochs' records only. Returns that step."""
     # MindSpore's data engine answers SIGINT (Ctrl-C) by sending the process a SIGTERM, which
     # may be the one train.py sees first: either way it saves and stops cleanly.
     # While a compiled step runs, MindSpore's runtime turns a Ctrl-C into a SIGTERM; the exit
@@ -147,24 +173,8 @@ def test_signal_saves_stops_and_resumes_exactly(cifar_small, uninterrupted, tmp_
     metrics = os.path.join(out, "metrics.jsonl")
     records = open(metrics).readlines() if os.path.exists(metrics) else []
     assert all('"step": 10' in r or '"step": 20' in r for r in records)  # whole epochs only
-    assert step in saved_steps(out) and step < 30
-    resumed = subprocess.run(train_cmd(cifar_small["train"], out, "--resume_ckpt", "auto"),
-                             cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    # it resumed where the signal stopped it (a silent restart would also end bit-identical)
-    assert f"{step} steps done" in resumed.stdout, resumed.stdout[-2000:]
-    assert f"(global {step})" not in resumed.stdout and f"(global {step + 1})" in resumed.stdout
-    assert_same_final_state(out, uninterrupted)
-
-
-@pytest.fixture(scope="module")
-def one_epoch(cifar_small, tmp_path_factory):
-    """A finished 1-epoch run (10 steps, a checkpoint every 3 steps and at the end)."""
-    out = str(tmp_path_factory.mktemp("one_epoch"))
-    result = run_entry("train.py", *ARGS, "--epoch_size", "1", "--data_path",
-                       cifar_small["train"], "--output_dir", out)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return out
+    assert step in saved_steps(out) and resumed_at < step < 30, (resumed_at, step)
+    return step
 
 
 def expected_names(path):
@@ -173,11 +183,12 @@ def expected_names(path):
                                                             "run_config")]
 
 
-def test_auto_passes_over_a_truncated_checkpoint(one_epoch, cifar_small, tmp_path, caplog):
+@pytest.mark.slow
+def test_auto_passes_over_a_truncated_checkpoint(full_run, cifar_small, tmp_path, caplog):
     from src.training.resume import find_resume_checkpoint
     out = str(tmp_path)
     for name in ("resnet18-1_9.ckpt", "resnet18-1_10.ckpt"):
-        shutil.copy(os.path.join(one_epoch, name), out)
+        shutil.copy(os.path.join(full_run, name), out)
     names = expected_names(os.path.join(out, "resnet18-1_9.ckpt"))
     newest = os.path.join(out, "resnet18-1_10.ckpt")
     with open(newest, "r+b") as f:
@@ -190,13 +201,14 @@ def test_auto_passes_over_a_truncated_checkpoint(one_epoch, cifar_small, tmp_pat
     assert explicit.returncode == 2 and "resnet18-1_10.ckpt" in explicit.stderr
 
 
-def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(one_epoch, tmp_path, caplog):
+@pytest.mark.slow
+def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(full_run, tmp_path, caplog):
     """A file cut between two records still parses (a checkpoint is a sequence of records),
     with the optimizer's step but without the later parameters: not resumable."""
     from src.training.resume import find_resume_checkpoint
     out = str(tmp_path)
-    shutil.copy(os.path.join(one_epoch, "resnet18-1_9.ckpt"), out)
-    full = ms.load_checkpoint(os.path.join(one_epoch, "resnet18-1_10.ckpt"))
+    shutil.copy(os.path.join(full_run, "resnet18-1_9.ckpt"), out)
+    full = ms.load_checkpoint(os.path.join(full_run, "resnet18-1_10.ckpt"))
     first_half = ["global_step"] + [n for n in full if n != "global_step"][:len(full) // 2]
     cut = os.path.join(out, "resnet18-1_10.ckpt")
     ms.save_checkpoint([{"name": n, "data": full[n]} for n in first_half
@@ -208,21 +220,23 @@ def test_auto_passes_over_a_checkpoint_cut_at_a_record_boundary(one_epoch, tmp_p
     assert "expected parameters absent" in caplog.text and "resnet18-1_10.ckpt" in caplog.text
 
 
-def test_checkpoints_store_the_run_config_and_resume_checks_it(one_epoch, cifar_small):
+@pytest.mark.slow
+def test_checkpoints_store_the_run_config_and_resume_checks_it(full_run, cifar_small):
     from src.utils.checkpoint import stored_config
-    stored = stored_config(ms.load_checkpoint(os.path.join(one_epoch, "resnet18-1_10.ckpt")))
-    assert stored["batch_size"] == 8 and stored["device_num"] == 1 and stored["epoch_size"] == 1
+    stored = stored_config(ms.load_checkpoint(os.path.join(full_run, "resnet18-1_10.ckpt")))
+    assert stored["batch_size"] == 8 and stored["device_num"] == 1 and stored["epoch_size"] == 3
     for key, value in (("epoch_size", "2"), ("batch_size", "4"), ("base_lr", "0.3")):
-        result = run_entry("train.py", *ARGS, "--epoch_size", "1", f"--{key}", value,
-                           "--data_path", cifar_small["train"], "--output_dir", one_epoch,
-                           "--resume_ckpt", os.path.join(one_epoch, "resnet18-1_9.ckpt"))
+        result = run_entry("train.py", *ARGS, f"--{key}", value,
+                           "--data_path", cifar_small["train"], "--output_dir", full_run,
+                           "--resume_ckpt", os.path.join(full_run, "resnet18-1_9.ckpt"))
         assert result.returncode == 2, result.stderr[-2000:]
         assert f"other {key}" in result.stderr and "--resume_ignore_config true" in result.stderr
 
 
-def test_resume_ignore_config_resumes_with_another_epoch_size(one_epoch, cifar_small, tmp_path):
+@pytest.mark.slow
+def test_resume_ignore_config_resumes_with_another_epoch_size(full_run, cifar_small, tmp_path):
     out = str(tmp_path)
-    shutil.copy(os.path.join(one_epoch, "resnet18-1_10.ckpt"), out)
+    shutil.copy(os.path.join(full_run, "resnet18-1_10.ckpt"), out)
     result = run_entry("train.py", *ARGS, "--epoch_size", "2", "--resume_ignore_config",
                        "true", "--data_path", cifar_small["train"], "--output_dir", out,
                        "--resume_ckpt", "auto")
@@ -231,6 +245,7 @@ def test_resume_ignore_config_resumes_with_another_epoch_size(one_epoch, cifar_s
         os.path.join(out, "resnet18-2_10.ckpt"))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cifar_small, tmp_path):
     out = str(tmp_path)
     result = run_entry("train.py", *ARGS, "--base_lr", "1e8", "--warmup_epochs", "0",

@@ -78,6 +78,7 @@ def test_eval_in_onnxruntime_gives_the_mindspore_results(r18_ckpt, cifar_small, 
                                [m["probability"] for m in theirs["misclassified"]], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_predict_in_onnxruntime_gives_the_mindspore_results(r18_ckpt, cifar_small, spied,
                                                             capsys):
     predict = importlib.import_module("predict")

@@ -23,6 +23,7 @@ def record_of(stdout):
 RECIPE = ["--grad_accumulation_steps", "2", "--mixup_alpha", "0.2", "--ema_decay", "0.99"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script, kind, extra, images", [("train.py", "train", RECIPE, 16),
                                                          ("eval.py", "eval", [], 8)])
 def test_benchmark_steps_prints_throughput_and_writes_nothing(script, kind, extra, images,

@@ -213,6 +213,7 @@ def split_run(folder, tmp_path_factory):
     return {"out": out, "log": result.stdout + result.stderr}
 
 
+@pytest.mark.slow
 def test_train_evaluates_the_held_out_part_and_writes_the_lists(split_run, folder):
     out = split_run["out"]
     record = json.loads(open(os.path.join(out, "metrics.jsonl")).read().splitlines()[-1])
@@ -229,6 +230,7 @@ def test_train_evaluates_the_held_out_part_and_writes_the_lists(split_run, folde
     assert "unbalanced classes: the largest has 16.0 times the images of the smallest" in log
 
 
+@pytest.mark.slow
 def test_eval_split_file_evaluates_the_held_out_part_only(split_run, folder, monkeypatch):
     evaluation = importlib.import_module("eval")
     monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # set once
