@@ -147,7 +147,7 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
                       "--batch_size", "16", "--base_lr", "0.2", "--warmup_epochs", "0",
                       "--ema_decay", "0.5", "--save_checkpoint_epochs", "1", "--log_interval",
                       "10", "--linear_probe_epochs", "1", "--trainable_layers", "1",
-                      "--class_balance", "sampler")
+                      "--class_balance", "sampler", "--tensorboard", "true")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for rank in range(2):
         assert not worker_log_lines(out, rank, "Traceback")
@@ -168,6 +168,20 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
         assert [{k: r.get(k) for k in evaluated} for r in logged] == [
             {k: r.get(k) for k in evaluated} for r in records], rank
     assert all(r["eval_images"] == 199 for r in records), records
+    # TensorBoard from rank 0 alone: one events file, its losses rank 0's progress lines',
+    # its evaluations metrics.jsonl's (tensorboard true)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    reader = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    reader.Reload()
+    losses = [(e.step, round(e.value, 4)) for e in reader.Scalars("train/loss")]
+    lines = [line.split("(global ", 1)[1] for line in worker_log_lines(out, 0, " loss ")
+             if "(global " in line]
+    assert len(losses) == 8 and losses == [
+        (int(x.split(")")[0]), float(x.split(" loss ")[1].split()[0])) for x in lines]
+    for key in ("top1", "ema_top1", "best_top1"):
+        assert [(e.step, e.value) for e in reader.Scalars(f"eval/{key}")] == [
+            (r["step"], float(np.float32(r[key]))) for r in records], key
     last = records[-1]
     assert last["best_top1"] == max(r["top1"] for r in records)
 
