@@ -216,6 +216,13 @@ def _read_config(path, source):
     return config
 
 
+def _unreadable(weights, err):
+    """The ``HubError`` of a ``.safetensors`` file safetensors cannot read."""
+    return HubError(f"{weights.source}: cannot read {weights.weights_file} as safetensors "
+                    f"({str(err).splitlines()[0]}): an incomplete download? delete it from the "
+                    f"cache (hf cache delete) or the folder and download it again")
+
+
 def read_safetensors(weights):
     """The tensors of a ``.safetensors`` file as numpy arrays (safetensors' numpy loader).
 
@@ -233,10 +240,7 @@ def read_safetensors(weights):
     try:
         return load_file(weights.weights_file)
     except Exception as err:  # noqa: BLE001  safetensors' SafetensorError, OSError alike
-        raise HubError(f"{weights.source}: cannot read {weights.weights_file} as safetensors "
-                       f"({str(err).splitlines()[0]}): an incomplete download? delete it from "
-                       f"the cache (hf cache delete) or the folder and download it again"
-                       ) from err
+        raise _unreadable(weights, err) from err
 
 
 def safetensors_shapes(weights):
@@ -250,10 +254,7 @@ def safetensors_shapes(weights):
         with safe_open(weights.weights_file, framework="numpy") as f:
             return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except Exception as err:  # noqa: BLE001  safetensors' SafetensorError, OSError alike
-        raise HubError(f"{weights.source}: cannot read {weights.weights_file} as safetensors "
-                       f"({str(err).splitlines()[0]}): an incomplete download? delete it from "
-                       f"the cache (hf cache delete) or the folder and download it again"
-                       ) from err
+        raise _unreadable(weights, err) from err
 
 
 def check_architecture(weights, net_name=None):
