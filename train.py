@@ -40,6 +40,7 @@ from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.split import (
     split_image_folder,
 )
+from src.deploy.report import plot_confusion
 from src.models.resnet import create_network
 from src.training.callbacks import (
     OptimizerStepCallbacks,
@@ -251,7 +252,7 @@ def build_evaluator(cfg, model, net, ema, shard, amp_level, write=True):
         ema_model = eval_model(cfg, ema_net, amp_level)
     return BestCheckpointEvaluator(model, shard, os.path.join(
         cfg.output_dir, f"{cfg.net_name}-best.ckpt"), net, ema, ema_model, cfg.best_on_ema,
-                                   write)
+                                   write, cfg.class_num, keep_confusion=cfg.tensorboard)
 
 
 def main(argv=None):
@@ -587,7 +588,8 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
                if cfg.tensorboard and is_main else None)
     monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
                            os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
-                           log, evaluator, cfg.eval_interval, tracker, lr_group_tags(cfg, net))
+                           log, evaluator, cfg.eval_interval, tracker, lr_group_tags(cfg, net),
+                           confusion_at_best(tracker, evaluator, data.class_names))
     own = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
                           run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
@@ -614,6 +616,20 @@ def lr_group_tags(cfg, net):
     return {f"train/lr/layer{ids[name]:02d}": scale
             for name, scale in layer_lr_scales(names, cfg.layer_decay,
                                                cfg.head_lr_scale).items()}
+
+
+def confusion_at_best(tracker, evaluator, class_names):
+    """``TrainMonitor``'s ``after_eval`` for TensorBoard: after an evaluation that set a new
+    best, the chosen network's confusion matrix as image ``eval/confusion_matrix`` (eval.py's
+    ``--plot`` picture) at that step; None without tracking or evaluation."""
+    if tracker is None or evaluator is None:
+        return None
+
+    def after_eval(step, epoch):
+        if evaluator.best_epoch == epoch and evaluator.confusion is not None:
+            tracker.drawn_image("eval/confusion_matrix", step, lambda path: plot_confusion(
+                evaluator.confusion, class_names, path))
+    return after_eval
 
 
 def track_run_end(cfg, cbs, run):

@@ -10,7 +10,7 @@ from mindspore import nn
 from mindspore.train import RunContext
 
 from src.training.callbacks import StepState, TrainMonitor
-from src.training.evaluator import BestCheckpointEvaluator, EvalShard
+from src.training.evaluator import BestCheckpointEvaluator, EvalCounts, EvalShard
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.checkpoint import load_into_network, read_checkpoint, stored_best
@@ -46,7 +46,7 @@ def evaluator_scoring(tmp_path, top1_counts):
     evaluator = BestCheckpointEvaluator(None, EvalShard(None), str(tmp_path / "net-best.ckpt"),
                                         net)
     scores = iter(top1_counts)
-    evaluator.count = lambda model: [next(scores), 990, 1000]
+    evaluator.count = lambda model, confusion=False: EvalCounts(next(scores), 990, 1000, 0.0)
     return evaluator
 
 

@@ -90,8 +90,9 @@ def test_a_failing_writer_warns_once_and_stops(tmp_path, caplog):
 def test_killed_and_resumed_run_gives_one_curve_equal_to_metrics(tmp_path, cifar_small):
     """tensorboard true, eval each epoch, killed with SIGKILL after it logged steps past its
     newest checkpoint, resumed with --resume_ckpt auto: every step 1..30 appears once in
-    train/loss, in order; the epoch scalars equal metrics.jsonl's values at the same steps (to
-    float32 rounding); the hyperparameters are written at the end."""
+    train/loss, in order; the epoch scalars (eval loss too) equal metrics.jsonl's values at the
+    same steps (to float32 rounding); a confusion-matrix picture at each new best top-1 and
+    nowhere else; the hyperparameters are written at the end."""
     out = tmp_path / "run"
     extra = ["--epoch_size", "3", "--eval_interval", "1", "--eval_data_path",
              cifar_small["test"], "--tensorboard", "true"]
@@ -122,8 +123,17 @@ def test_killed_and_resumed_run_gives_one_curve_equal_to_metrics(tmp_path, cifar
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     assert [r["step"] for r in records] == [10, 20, 30]
     for key, tag in (("loss", "epoch/train_loss"), ("lr", "epoch/lr"), ("top1", "eval/top1"),
-                     ("top5", "eval/top5"), ("best_top1", "eval/best_top1")):
+                     ("top5", "eval/top5"), ("eval_loss", "eval/loss"),
+                     ("best_top1", "eval/best_top1")):
         assert scalars[tag] == [(r["step"], float(np.float32(r[key]))) for r in records], tag
+    # the confusion matrix at each evaluation that set a new best, and only there
+    best_steps = [r["step"] for i, r in enumerate(records)
+                  if r["top1"] > max([-1.0] + [q["top1"] for q in records[:i]])]
+    pictures = reader.Images("eval/confusion_matrix")
+    assert [p.step for p in pictures] == best_steps
+    for picture in pictures:
+        with Image.open(io.BytesIO(picture.encoded_image_string)) as decoded:
+            assert decoded.size[0] > 100 and decoded.size[1] > 100
     for tag in ("train/img_per_s", "epoch/img_per_s", "hparams/top1"):
         assert tag in scalars
     from tensorboard.plugins.hparams import plugin_data_pb2

@@ -248,8 +248,8 @@ class OptimizerStepCallbacks(Callback):
 
 EPOCH_TAGS = {"loss": "epoch/train_loss", "lr": "epoch/lr", "img_per_s": "epoch/img_per_s",
               "time_s": "epoch/time_s", "top1": "eval/top1", "top5": "eval/top5",
-              "ema_top1": "eval/ema_top1", "ema_top5": "eval/ema_top5",
-              "best_top1": "eval/best_top1"}
+              "eval_loss": "eval/loss", "ema_top1": "eval/ema_top1", "ema_top5": "eval/ema_top5",
+              "ema_eval_loss": "eval/ema_loss", "best_top1": "eval/best_top1"}
 """TensorBoard tag of each number of an epoch record (``metrics.jsonl``)."""
 
 
@@ -259,7 +259,8 @@ class TrainMonitor(Callback):
     Step line: epoch, step in epoch, global step, loss, LR, img/s (global, over all
     devices), ETA. Epoch line in ``metrics_path`` (JSON Lines): epoch, global step, mean loss,
     last LR, epoch time in seconds, img/s, overflowed steps and the loss scale (loss
-    scaling), and top1/top5 (ema_top1/ema_top5 with an EMA) when an evaluator runs. Epochs cut
+    scaling), and top1/top5/eval_loss (ema_top1/ema_top5/ema_eval_loss with an EMA) when an
+    evaluator runs. Epochs cut
     short (signal, non-finite loss) get no line. In dataset sink mode a line is printed after
     each sink call that reaches a multiple of ``log_interval`` (img/s over the sink calls since
     the last line), and the epoch's loss is the mean of each call's last step.
@@ -281,6 +282,8 @@ class TrainMonitor(Callback):
             (``EPOCH_TAGS``), at the global optimizer step (``src.utils.tracking``).
         lr_groups (dict, optional): ``{tag: multiple}`` of parameter groups whose LR is the
             scheduled one times a multiple (layer decay): each logged as its own tag.
+        after_eval (callable, optional): ``after_eval(step, epoch)``, called after each
+            evaluation's record is logged (the confusion-matrix picture at a new best).
 
     A record or a log line that cannot be written (disk full) stops training: ``error`` says
     which file and why (train.py then exits 4 naming the last good checkpoint). Each record is
@@ -290,7 +293,7 @@ class TrainMonitor(Callback):
 
     def __init__(self, state, lr, global_batch_size, steps_per_epoch, log_interval,
                  metrics_path, logger, evaluator=None, eval_interval=1, tracker=None,
-                 lr_groups=None):
+                 lr_groups=None, after_eval=None):
         super().__init__()
         self.state = state
         self.lr = lr
@@ -302,6 +305,7 @@ class TrainMonitor(Callback):
         self.evaluator = evaluator
         self.eval_interval = max(1, eval_interval)
         self.tracker, self.lr_groups = tracker, dict(lr_groups or {})
+        self.after_eval = after_eval
         self.start_step = state.global_step
         self.train_start = self.epoch_start = self.window_start = None
         self.epoch_losses = []
@@ -372,12 +376,15 @@ class TrainMonitor(Callback):
         if self.state.loss_scale is not None:
             record["loss_scale"] = self.state.loss_scale
         last = step == len(self.lr)
-        if self.evaluator and (epoch % self.eval_interval == 0 or last):
+        evaluated = bool(self.evaluator) and (epoch % self.eval_interval == 0 or last)
+        if evaluated:
             record.update(self.evaluator(epoch))
         self.logger.info("epoch %d done: %s", epoch, json.dumps(record))
         if self.tracker is not None:
             self.tracker.scalars(step, {tag: record[key] for key, tag in EPOCH_TAGS.items()
                                         if key in record})
+        if evaluated and self.after_eval is not None:
+            self.after_eval(step, epoch)
         try:
             if self.metrics_path:
                 append_line(self.metrics_path, json.dumps(record))

@@ -1,10 +1,11 @@
-"""The evaluator run at the end of training epochs: top-1/top-5 of the live network (and of its
-weight EMA), keeping the checkpoint with the best top-1.
+"""The evaluator run at the end of training epochs: top-1/top-5 and the mean eval loss of the
+live network (and of its weight EMA), keeping the checkpoint with the best top-1.
 
 In data-parallel training every rank evaluates its own shard of the eval set and the counts
-(correct top-1, correct top-5, images) are summed over the ranks once the shards are done (no
-collective inside the eval graph), so every image counts exactly once, every rank computes the
-same top-1 and takes the same "best" decision, and only rank 0 writes the best checkpoint.
+(correct top-1, correct top-5, images; the loss sums) are summed over the ranks once the shards
+are done (no collective inside the eval graph), so every image counts exactly once, every rank
+computes the same top-1 and takes the same "best" decision, and only rank 0 writes the best
+checkpoint.
 The ranks hold the same weights but their own BatchNorm statistics (each updates them from its
 own batches); they evaluate with rank 0's, the statistics of the checkpoints rank 0 writes, so
 the top-1 reported is that of the saved weights (``eval.py`` on them gives the same figure).
@@ -20,7 +21,7 @@ from mindspore.train import Callback
 
 from src.data.pipeline import count_images, create_dataset
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
-from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks
+from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks, sum_over_ranks
 
 
 class EvalShard(NamedTuple):
@@ -36,12 +37,15 @@ class EvalShard(NamedTuple):
             (``src.utils.device.sum_ints_over_ranks``); None in one process.
         broadcast (callable, optional): ``list[ndarray] -> list[ndarray]``, rank 0's arrays
             on every rank (``src.utils.device.broadcast_from_rank0``); None in one process.
+        sum_arrays (callable, optional): float32 ``ndarray -> ndarray`` summed element-wise
+            over the ranks (``src.utils.device.sum_over_ranks``); None in one process.
     """
 
     dataset: object
     images: int | None = None
     sum_over_ranks: Callable | None = None
     broadcast: Callable | None = None
+    sum_arrays: Callable | None = None
 
 
 def shard_rows(total, num_shards, shard_id):
@@ -88,31 +92,57 @@ def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
         raise RuntimeError(f"eval shard {shard_id} of {num_shards} over {total} images has "
                            f"{dataset.get_dataset_size()} batches, expected {batches} "
                            f"({rows} rows): the sampler's sharding changed")
-    return EvalShard(dataset, images, sum_ints_over_ranks, broadcast_from_rank0)
+    return EvalShard(dataset, images, sum_ints_over_ranks, broadcast_from_rank0, sum_over_ranks)
+
+
+class EvalCounts(NamedTuple):
+    """What one network's evaluation on one shard (or, summed, on every shard) counted.
+
+    Attributes:
+        top1 (int): Images whose top-1 prediction is the label.
+        topk (int): Images whose label is among the top-k predictions.
+        images (int): Images counted.
+        loss_sum (float): Sum over the images counted of the eval cell's per-image loss (the
+            training label smoothing's cross-entropy, as eval.py), for the mean eval loss.
+        confusion (numpy.ndarray, optional): int64 (K, K), row = true class, column = top-1
+            prediction (``src.deploy.report.ClassReport``'s layout); None when not kept.
+    """
+
+    top1: int
+    topk: int
+    images: int
+    loss_sum: float
+    confusion: np.ndarray | None = None
 
 
 class TopKCounter(Callback):
     """``Model.eval`` callback counting correct top-1 and top-k predictions, as MindSpore's
-    ``TopKCategoricalAccuracy`` decides them, over the first ``limit`` rows evaluated.
+    ``TopKCategoricalAccuracy`` decides them, and summing the per-image loss, over the first
+    ``limit`` rows evaluated; with ``class_num``, also the top-1 confusion matrix.
 
-    Reads each step's network outputs ``(loss, logits (N, C), label (N,))``, as the eval cells
-    of ``src.training.model`` give them.
+    Reads each step's network outputs ``(loss (N,), logits (N, C), label (N,))``, as the eval
+    cells of ``src.training.model`` give them (the loss per image, not reduced).
 
     Args:
         limit (int, optional): Rows counted (the shard's own images); None for all.
         k (int): Top-k (capped at the class count).
+        class_num (int, optional): K, to keep the (K, K) confusion matrix; None: not kept.
     """
 
-    def __init__(self, limit=None, k=5):
+    def __init__(self, limit=None, k=5, class_num=None):
         super().__init__()
-        self.limit, self.k = limit, k
-        self.top1 = self.topk = self.images = 0
+        self.limit, self.k, self.class_num = limit, k, class_num
+        self.on_eval_begin(None)
 
     def on_eval_begin(self, run_context):
         self.top1 = self.topk = self.images = 0
+        self.loss_sum = 0.0
+        self.confusion = (None if self.class_num is None
+                          else np.zeros((self.class_num, self.class_num), np.int64))
 
     def on_eval_step_end(self, run_context):
         outputs = run_context.original_args().net_outputs
+        losses = outputs[0].asnumpy().reshape(-1)
         logits, labels = outputs[1].asnumpy(), outputs[2].asnumpy()
         keep = len(labels) if self.limit is None else max(0, min(len(labels),
                                                                  self.limit - self.images))
@@ -120,7 +150,14 @@ class TopKCounter(Callback):
         hits = ranked == labels[:keep].reshape(-1, 1)
         self.top1 += int(hits[:, 0].sum())
         self.topk += int(hits.sum())
+        self.loss_sum += float(losses[:keep].astype(np.float64).sum())
+        if self.confusion is not None:
+            np.add.at(self.confusion, (labels[:keep].astype(np.int64), ranked[:, 0]), 1)
         self.images += keep
+
+    def counts(self):
+        """The counts so far (``EvalCounts``)."""
+        return EvalCounts(self.top1, self.topk, self.images, self.loss_sum, self.confusion)
 
 
 class BestCheckpointEvaluator:
@@ -146,11 +183,17 @@ class BestCheckpointEvaluator:
             architecture, into which the averages are copied before each evaluation.
         best_on_ema (bool): Choose the best checkpoint by the EMA's top-1.
         write (bool): Whether this process writes the best checkpoint (rank 0).
+        class_num (int, optional): K, needed with ``keep_confusion``.
+        keep_confusion (bool): Keep each evaluation's (K, K) confusion matrix of the network
+            the best is chosen on, in ``confusion`` (for TensorBoard's picture at the best);
+            every rank must pass the same value (the matrices are summed over the ranks).
     """
 
     def __init__(self, model, shard, best_path, net, ema=None, ema_model=None,
-                 best_on_ema=False, write=True):
+                 best_on_ema=False, write=True, class_num=None, keep_confusion=False):
         self.model, self.shard, self.best_path, self.net = model, shard, best_path, net
+        self.class_num, self.keep_confusion = class_num, keep_confusion and class_num is not None
+        self.confusion = None
         self.ema, self.ema_model = ema, ema_model
         self.best_key = "ema_top1" if best_on_ema and ema is not None else "top1"
         self.best_top1 = -1.0
@@ -170,11 +213,33 @@ class BestCheckpointEvaluator:
         if best is not None:
             self.best_top1, self.best_epoch = float(best["top1"]), int(best["epoch"])
 
-    def count(self, model):
-        """[correct top-1, correct top-5, images] of ``model`` on this process's shard."""
-        counter = TopKCounter(self.shard.images)
+    def count(self, model, confusion=False):
+        """``EvalCounts`` of ``model`` on this process's shard (with the confusion matrix if
+        ``confusion``)."""
+        counter = TopKCounter(self.shard.images, class_num=self.class_num if confusion else None)
         model.eval(self.shard.dataset, callbacks=[counter], dataset_sink_mode=False)
-        return [counter.top1, counter.topk, counter.images]
+        return counter.counts()
+
+    def combine(self, runs):
+        """``runs`` (this shard's ``EvalCounts``, one per network evaluated) summed over the
+        ranks: the counts exactly (``sum_over_ranks``), the loss sums and confusion matrices in
+        one float32 all-reduce (``sum_arrays``; a count is exact there below 2**24 images).
+        Unchanged in one process."""
+        if self.shard.sum_over_ranks is None:
+            return runs
+        ints = self.shard.sum_over_ranks([v for c in runs for v in c[:3]])
+        floats = [np.array([c.loss_sum for c in runs], np.float32)]
+        floats += [c.confusion.astype(np.float32).ravel() for c in runs if c.confusion is not None]
+        summed = self.shard.sum_arrays(np.concatenate(floats))
+        tail, out = len(runs), []
+        for i, c in enumerate(runs):
+            confusion = None
+            if c.confusion is not None:
+                cells = c.confusion.size
+                confusion = summed[tail:tail + cells].astype(np.int64).reshape(c.confusion.shape)
+                tail += cells
+            out.append(EvalCounts(*ints[3 * i:3 * i + 3], float(summed[i]), confusion))
+        return out
 
     def rank0_statistics(self, network):
         """Give ``network``'s non-trainable parameters (BatchNorm moving statistics) rank 0's
@@ -196,11 +261,14 @@ class BestCheckpointEvaluator:
 
     def __call__(self, epoch=None):
         """Evaluate after ``epoch`` (1-based, recorded with the best); save if the chosen
-        top-1 improved. Returns {"top1", "top5"[, "ema_top1", "ema_top5"], "best_top1",
-        "eval_images"} (over all ranks)."""
+        top-1 improved. Returns {"top1", "top5", "eval_loss"[, "ema_top1", "ema_top5",
+        "ema_eval_loss"], "best_top1", "eval_images"} (over all ranks; the losses are means
+        per image). With ``keep_confusion``, ``confusion`` then holds the chosen network's
+        confusion matrix of this evaluation."""
+        on_ema = self.best_key == "ema_top1"
         changed = self.rank0_statistics(self.net)
         try:
-            counts = self.count(self.model)
+            runs = [self.count(self.model, self.keep_confusion and not on_ema)]
         finally:
             for param, value in changed:
                 param.set_data(ms.Tensor(value))
@@ -209,17 +277,19 @@ class BestCheckpointEvaluator:
             for param in self.ema_model.predict_network.get_parameters():
                 param.set_data(averages[param.name].value())
             self.rank0_statistics(self.ema_model.predict_network)
-            counts += self.count(self.ema_model)[:2]
-        if self.shard.sum_over_ranks is not None:
-            counts = self.shard.sum_over_ranks(counts)
-        images = counts[2]
-        result = {"top1": counts[0] / images, "top5": counts[1] / images}
+            runs.append(self.count(self.ema_model, self.keep_confusion and on_ema))
+        runs = self.combine(runs)
+        live, images = runs[0], runs[0].images
+        result = {"top1": live.top1 / images, "top5": live.topk / images,
+                  "eval_loss": live.loss_sum / images}
         if self.ema is not None:
-            result.update(ema_top1=counts[3] / images, ema_top5=counts[4] / images)
+            ema = runs[1]
+            result.update(ema_top1=ema.top1 / images, ema_top5=ema.topk / images,
+                          ema_eval_loss=ema.loss_sum / images)
+        self.confusion = runs[-1 if on_ema else 0].confusion
         if result[self.best_key] > self.best_top1:  # the same numbers, so the same on each rank
             self.best_top1, self.best_epoch = result[self.best_key], epoch
-            chosen = (self.ema_model.predict_network if self.best_key == "ema_top1"
-                      else self.net)
+            chosen = self.ema_model.predict_network if on_ema else self.net
             if self.write:  # with its score: a resume compares it with the checkpoint's
                 atomic_save_checkpoint(chosen, self.best_path,
                                        {BEST_KEY: json.dumps(self.best_score())})

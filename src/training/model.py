@@ -79,13 +79,16 @@ def build_train_step(cfg, net, lr, amp_level, ema=None):
 
 
 def eval_network(cfg, net, amp_level):
-    """``net`` (already cast by ``auto_mixed_precision``) in the evaluation cell: (loss,
-    logits, label), the logits cast to float32 under O2/O3 as MindSpore's ``Model`` does.
+    """``net`` (already cast by ``auto_mixed_precision``) in the evaluation cell: (loss float32
+    (N,) per image, logits (N, K), label (N,)), the logits cast to float32 under O2/O3 as
+    MindSpore's ``Model`` does. The loss is the training label smoothing's cross-entropy, not
+    reduced, so an evaluator can leave out a shard's padding rows (the ``loss`` metric still
+    takes each batch's mean).
 
     Returns:
         nn.WithEvalCell: For ``Model(..., eval_network=..., eval_indexes=[0, 1, 2])``.
     """
-    eval_loss = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
+    eval_loss = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num, reduction="none")
     return nn.WithEvalCell(net, eval_loss, add_cast_fp32=amp_level in ("O2", "O3"))
 
 

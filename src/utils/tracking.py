@@ -10,6 +10,7 @@ stop training; hence the synchronous writer here.)
 """
 import logging
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -60,7 +61,7 @@ class TensorBoardLog:
         self.summary, self._writer_class, self._event, self._session_log = _tensorboardx()
         self.logdir, self.purge_step, self.logger = logdir, purge_step, logger
         self.writer = None
-        self.failed = False
+        self.failed = self.drawing_failed = False
 
     def _write(self, summaries, step):
         """Append one event per summary at ``step`` and flush; on failure warn once and stop."""
@@ -100,6 +101,23 @@ class TensorBoardLog:
             self.logger.warning("tensorboard: cannot read %s: %s", png_path, err)
             return
         self._write([self.summary.image(tag, pixels, dataformats="HWC")], step)
+
+    def drawn_image(self, tag, step, draw):
+        """Write the picture ``draw(path)`` saves as a PNG (in a temporary folder, removed after)
+        as image ``tag`` at ``step``. A drawing that fails (matplotlib absent, a write error)
+        logs one warning and no picture is drawn again; scalars go on."""
+        if self.failed or self.drawing_failed:
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "picture.png")
+            try:
+                draw(path)
+            except (OSError, UserError) as err:
+                self.drawing_failed = True
+                self.logger.warning("tensorboard: no %s picture (%s); scalars go on", tag,
+                                    str(err).splitlines()[0] if str(err) else type(err).__name__)
+                return
+            self.image(tag, step, path)
 
     def hparams(self, config, metrics, step):
         """The run's resolved config as hyperparameters (lists as strings: TensorBoard takes
