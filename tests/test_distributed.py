@@ -161,7 +161,8 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     assert [r["epoch"] for r in records] == [1, 2]
     # every rank computed the same figures, so took the same "best" decisions
-    evaluated = ("top1", "top5", "ema_top1", "ema_top5", "best_top1", "eval_images")
+    evaluated = ("top1", "top5", "eval_loss", "ema_top1", "ema_top5", "ema_eval_loss",
+                 "best_top1", "eval_images")
     for rank in range(2):
         logged = [json.loads(line.split(" done: ", 1)[1])
                   for line in worker_log_lines(out, rank, " done: {")]
@@ -172,16 +173,20 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
     # its evaluations metrics.jsonl's (tensorboard true)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
-    reader = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    reader = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0,
+                                                                       "images": 0})
     reader.Reload()
     losses = [(e.step, round(e.value, 4)) for e in reader.Scalars("train/loss")]
     lines = [line.split("(global ", 1)[1] for line in worker_log_lines(out, 0, " loss ")
              if "(global " in line]
     assert len(losses) == 8 and losses == [
         (int(x.split(")")[0]), float(x.split(" loss ")[1].split()[0])) for x in lines]
-    for key in ("top1", "ema_top1", "best_top1"):
-        assert [(e.step, e.value) for e in reader.Scalars(f"eval/{key}")] == [
+    for key, tag in (("top1", "top1"), ("ema_top1", "ema_top1"), ("best_top1", "best_top1"),
+                     ("eval_loss", "loss"), ("ema_eval_loss", "ema_loss")):
+        assert [(e.step, e.value) for e in reader.Scalars(f"eval/{tag}")] == [
             (r["step"], float(np.float32(r[key]))) for r in records], key
+    # the confusion matrix (summed over the ranks) at the first evaluation, a new best
+    assert reader.Images("eval/confusion_matrix")[0].step == records[0]["step"]
     last = records[-1]
     assert last["best_top1"] == max(r["top1"] for r in records)
 
