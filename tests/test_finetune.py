@@ -180,3 +180,22 @@ def test_bad_trainable_layers_exits_2_with_the_key_named(tmp_path):
     assert result.returncode == 2
     assert "trainable_layers must be in 0..5" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_lp_ft_full_phase_starts_at_the_switch_step_s_lr():
+    """The fine-tuning cell LP-FT builds at the switch is given the rest of the run's LR array:
+    its first step's LR is ``lr[switch]``, not the warmup's first value again."""
+    import logging
+
+    from src.training.finetune import fine_tuning_model
+    from src.training.model import build_model
+    cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--epoch_size", "3",
+                        "--linear_probe_epochs", "1", "--trainable_layers", "1",
+                        "--ema_decay", "0"])
+    lr = np.linspace(0.01, 0.3, 30, dtype=np.float32)
+    net = create_network("resnet18", 10)
+    model, ema = build_model(cfg, net, lr, "O0")
+    tuned = fine_tuning_model(cfg, model, lr, 10, "O0", ema, 1, logging.getLogger("test"))
+    given = tuned.train_network.optimizer.learning_rate.learning_rate.asnumpy()
+    np.testing.assert_array_equal(given, lr[10:])
+    assert given[0] == np.float32(lr[10])
