@@ -221,12 +221,14 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
 
     def update(self, loss, grads, scale):
         """The optimizer step on (scaled) ``grads``: all-reduce, unscale, overflow check,
-        ``apply``. Returns (``loss``, the overflow flag)."""
+        ``apply``. Returns ``loss``, and with the overflow check (``loss``, the overflow flag):
+        no flag is built when nothing checks it (an unused output with side effects would be
+        pruned from the graph, with MindSpore's "side effect nodes were eliminated" warning)."""
         grads = self.grad_reducer(grads)
         if self.loss_scaling:
             grads = self.hyper_map(ops.partial(self.mul, ops.reciprocal(scale)), grads)
         if not self.check_overflow:
-            return ops.depend(loss, self.apply(grads)), self.no_overflow
+            return ops.depend(loss, self.apply(grads))
         status = Tensor([0] * 8, ms.int32)
         # a scalar, as self.no_overflow, on every path (the branches of construct must join)
         overflow = self.process_loss_scale(self.get_overflow_status(status, grads)).reshape(())
@@ -240,18 +242,20 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         scale = self.scale_sense
         if self.accumulation_steps == 1:
             loss, grads = self.micro_batch_gradients(image, label, scale)
-            loss, overflow = self.update(loss, grads, scale)
+            stepped = self.update(loss, grads, scale)
         else:
             loss, count = self.accumulate(image, label, scale)
-            overflow = self.no_overflow
+            stepped = (loss, self.no_overflow) if self.check_overflow else loss
             if count >= self.accumulation_steps:
                 mean_loss, grads = self.mean_accumulated()
-                loss, overflow = self.update(mean_loss, grads, scale)
+                stepped = self.update(mean_loss, grads, scale)
                 # cleared after the update consumed the gradients (skipped or applied)
-                loss = ops.depend(loss, self.clear_accumulated())
+                cleared = self.clear_accumulated()
+                stepped = ((ops.depend(stepped[0], cleared), stepped[1]) if self.check_overflow
+                           else ops.depend(stepped, cleared))
         if self.check_overflow:
-            return loss, overflow, scale
-        return loss
+            return stepped[0], stepped[1], scale
+        return stepped
 
 
 _clear = ops.MultitypeFuncGraph("clear")
