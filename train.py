@@ -34,7 +34,11 @@ import mindspore as ms
 import mindspore.dataset as ds
 
 from src.data.class_names import CIFAR10_CLASSES, CLASS_NAMES_FILE, write_class_names
-from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
+from src.data.image_check import (
+    ImageFolderError,
+    readable_pipeline_errors,
+    set_max_image_pixels,
+)
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.split import (
@@ -312,6 +316,11 @@ def main(argv=None):
             train_run(cfg, model, data, cbs, run.start_step, sink_size, stop, switch,
                       lambda: fine_tuning_model(cfg, model, lr, switch, amp_level, ema,
                                                 device_num, log))
+    except ImageFolderError as err:  # an image the decoder rejects (check_images false)
+        raise ImageFolderError(f"{err}; last good checkpoint: "
+                               f"{cbs.saver.last_saved or run.resume_path or 'none'} (resume "
+                               f"from it with --resume_ckpt auto once the image is replaced)"
+                               ) from err
     finally:
         stop.restore()
         if cbs.profiler:

@@ -72,10 +72,11 @@ def copy_class_folders(src_root, dst_root, per_class, classes=None):
     return dst_root
 
 
-def run_entry(script, *args, timeout=600):
-    """Run an entry point as a user would (fresh interpreter, repo root); return the result."""
+def run_entry(script, *args, timeout=600, cwd=ROOT):
+    """Run an entry point as a user would (fresh interpreter, from ``cwd``: the repo root by
+    default); return the result."""
     cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                             check=False)
     return result
 

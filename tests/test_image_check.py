@@ -86,3 +86,74 @@ def test_links_that_cannot_be_followed_are_named(folder, link, target):
                                                    f"{os.path.basename(link)} \\(Too many "
                                                    f"levels of symbolic links\\)"):
             check(folder)
+
+
+def with_thumbnail(source, path, thumbnail_side=48):
+    """A copy of the JPEG ``source`` with an APP1 (Exif) segment holding a complete JPEG
+    thumbnail, as cameras write it (before the frame and the scan); returns its bytes."""
+    import io
+    with Image.open(source) as image:
+        thumb = io.BytesIO()
+        image.resize((thumbnail_side, thumbnail_side)).save(thumb, "JPEG")
+    payload = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x00" + thumb.getvalue()
+    with open(source, "rb") as f:
+        data = f.read()
+    data = data[:2] + b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
+
+
+def mindspore_decodes(path):
+    import mindspore.dataset.vision as vision
+    import numpy as np
+    try:
+        vision.Decode()(np.fromfile(path, np.uint8))
+        return True
+    except RuntimeError:
+        return False
+
+
+def test_images_the_decoder_rejects_are_named_even_when_their_tail_looks_complete(
+        folder, tmp_path, monkeypatch):
+    """Files the old check passed and MindSpore's decoder stops on (issue: training died in
+    epoch 1): a JPEG cut inside its first scan whose last 4 KB still hold its thumbnail's end
+    marker, a frame of height 0, a WebP and a GIF named .jpg. A complete JPEG with a
+    thumbnail, a TIFF and a PPM (which the decoder reads) pass."""
+    cat, dog = os.path.join(folder, "cat"), os.path.join(folder, "dog")
+    source = os.path.join(cat, "0000.jpg")
+    whole = with_thumbnail(source, os.path.join(cat, "thumbnail.jpg"))
+    cut = os.path.join(cat, "cut_in_scan.jpg")
+    scan = whole.index(b"\xff\xda", whole.index(b"\xff\xd9"))  # the image's, after the thumbnail
+    with open(cut, "wb") as f:
+        f.write(whole[:scan + 40])
+    with open(cut, "rb") as f:
+        assert b"\xff\xd9" in f.read()[-4096:]  # the thumbnail's end marker, before the scan
+    with open(source, "rb") as f:
+        data = bytearray(f.read())
+    frame = data.index(b"\xff\xc0")
+    data[frame + 5:frame + 7] = b"\x00\x00"  # height 0
+    zero = os.path.join(dog, "zero_height.jpg")
+    with open(zero, "wb") as f:
+        f.write(bytes(data))
+    webp, gif = os.path.join(dog, "webp.jpg"), os.path.join(dog, "gif.jpg")
+    with Image.open(source) as image:
+        image.save(webp, "WEBP")
+        image.save(gif, "GIF")
+    tiff = os.path.join(dog, "tiff.jpg")
+    ppm = os.path.join(dog, "ppm.png")
+    with Image.open(source) as image:
+        image.save(tiff, "TIFF")
+        image.save(ppm, "PPM")
+    broken = [cut, zero, webp, gif]
+    monkeypatch.chdir(tmp_path)  # MindSpore's decoder writes what it rejects to ./abnormal_image.*
+    assert not any(mindspore_decodes(p) for p in broken)  # what the pipeline would hit
+    assert all(mindspore_decodes(p) for p in (tiff, ppm, os.path.join(cat, "thumbnail.jpg")))
+    with pytest.raises(ImageFolderError) as err:
+        check_image_folder(folder)
+    message = str(err.value)
+    assert message.startswith("corrupt or truncated image files")
+    for path in broken:
+        assert path in message
+    for path in (tiff, ppm, os.path.join(cat, "thumbnail.jpg")):
+        assert path not in message

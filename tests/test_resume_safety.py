@@ -12,12 +12,13 @@ import shutil
 import mindspore as ms
 import numpy as np
 import pytest
+from PIL import Image
 
 from src.training.loss import loss_class_weights
 from src.training.resume import MAY_DIFFER, check_same_recipe
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint, read_checkpoint, stored_best
 from src.utils.config import ConfigError, parse_config
-from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_entry, succeeded
+from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, succeeded
 from tests.test_run_files import folder_bytes
 
 NET = "resnet18"
@@ -152,6 +153,35 @@ def test_a_resume_keeps_the_best_checkpoint_s_score(finished, tmp_path):
     succeeded(train(finished, out, "--resume_ckpt", "auto"))
     assert folder_bytes(out)[f"{NET}-best.ckpt"] == before
     assert stored_best(read_checkpoint(newest)) == {"top1": 0.99, "epoch": 3}
+
+
+# ---- an image the decoder rejects, met during training ----
+
+@pytest.mark.slow
+def test_an_image_the_decoder_rejects_mid_run_names_it_and_the_last_good_checkpoint(
+        finished, tmp_path):
+    """--check_images false, and one image replaced by a WebP under its .jpg name after epoch 2
+    (killed in epoch 3): the resumed run stops at the image with exit 2, naming the file and
+    the checkpoint to resume from."""
+    out = copy_run(finished, tmp_path)
+    os.chmod(os.path.join(out, f"{NET}-3_5.ckpt"), 0o600)
+    os.remove(os.path.join(out, f"{NET}-3_5.ckpt"))  # as if killed in epoch 3
+    data = str(tmp_path / "data")
+    shutil.copytree(finished["data"], data)
+    bad = os.path.join(data, "cat", sorted(os.listdir(os.path.join(data, "cat")))[0])
+    with Image.open(bad) as image:
+        image.load()
+        image.save(bad, "WEBP")
+    # run from tmp_path: MindSpore's decoder writes the file it rejects to ./unsupported_image.*
+    args = [os.path.join(ROOT, a) if a.startswith("configs/") else a for a in COMMON]
+    result = run_entry("train.py", *args, "--data_path", data, "--eval_data_path",
+                       finished["test"], "--output_dir", out, "--resume_ckpt", "auto",
+                       "--check_images", "false", timeout=900, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    line = last_line(result)
+    assert f"cannot decode image {bad}" in line
+    assert f"last good checkpoint: {os.path.join(out, NET + '-2_5.ckpt')}" in line, line
+    assert "Traceback" not in result.stderr
 
 
 # ---- the data changed between a stop and the resume ----

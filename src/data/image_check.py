@@ -3,10 +3,12 @@
 MindSpore's decoders stop the pipeline on a corrupt file with a C++ error, and a truncated
 JPEG crashes the OpenCV decode of the training pipeline with SIGFPE (no message at all:
 measured with MindSpore 2.10 on CPU). So every file is checked here first: a JPEG (nearly
-all of ImageNet) cheaply, by its end-of-image marker (searched in the last 4 KB, as some files
-carry trailing data), and only decoded with Pillow when the marker is missing, to confirm; a
-PNG, BMP or any other file is verified and decoded with Pillow (its chunk checksums and pixel
-data: a truncated PNG or BMP fails). About a minute per million JPEGs on a local disk; a
+all of ImageNet) cheaply, by its headers (a frame of a common kind and a non-zero size) and
+an end-of-image marker after its first scan (searched in the last 4 KB, as some files carry
+trailing data), and only decoded when that fails, to confirm; a PNG, BMP or any other file is
+verified and decoded with Pillow (its chunk checksums and pixel data: a truncated PNG or BMP
+fails) and must be in a format MindSpore's decoder reads (a WebP or GIF named ``.jpg`` opens
+in Pillow but not there). About a minute per million JPEGs on a local disk; a
 folder of more than ``PROGRESS_MIN_FILES`` files shows progress while it is checked.
 """
 import collections
@@ -163,25 +165,90 @@ def is_image_name(name):
     return os.path.splitext(name)[1] in IMAGE_EXTENSIONS
 
 
-def jpeg_looks_complete(path):
-    """Cheap check: the file starts as a JPEG and its end-of-image marker is in its last
-    ``TAIL_BYTES`` bytes.
+# Frame types every libjpeg decodes (baseline, extended sequential, progressive Huffman); a
+# JPEG of another kind (lossless, hierarchical, arithmetic-coded) is decoded to be sure.
+COMMON_FRAMES = (0xC0, 0xC1, 0xC2)
+_FRAME_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_NO_LENGTH = {0x01} | set(range(0xD0, 0xD8))  # TEM and RSTn stand alone
+
+
+def jpeg_headers(path):
+    """The frame of a JPEG file, from its marker segments up to the first scan (ITU-T T.81
+    B.2): ``(frame marker, height, width, components, offset after the scan header)``, or
+    None if the file is not a JPEG, a segment runs past the end of the file or there is no
+    frame before the scan. Reads the headers only.
 
     Raises:
         OSError: If the file cannot be read (permission).
     """
+    size = os.path.getsize(path)
+    frame = None
     with open(path, "rb") as f:
-        if f.read(len(JPEG_SIGNATURE)) != JPEG_SIGNATURE:
-            return False
-        f.seek(max(0, os.path.getsize(path) - TAIL_BYTES))
+        if f.read(2) != JPEG_SIGNATURE[:2]:
+            return None
+        while True:
+            byte = f.read(1)
+            if byte != b"\xff":
+                return None
+            marker = f.read(1)
+            while marker == b"\xff":  # fill bytes before a marker
+                marker = f.read(1)
+            if not marker:
+                return None
+            code = marker[0]
+            if code in _NO_LENGTH:
+                continue
+            length = int.from_bytes(f.read(2), "big")
+            start = f.tell()
+            if length < 2 or start + length - 2 > size:
+                return None
+            if code in _FRAME_MARKERS and length >= 8:
+                header = f.read(6)
+                frame = (code, int.from_bytes(header[1:3], "big"),
+                         int.from_bytes(header[3:5], "big"), header[5])
+            if code == 0xDA:  # start of scan: the entropy-coded data follows
+                return None if frame is None else (*frame, start + length - 2)
+            f.seek(start + length - 2)
+
+
+def jpeg_looks_complete(path):
+    """Cheap check of a JPEG: its headers parse (``jpeg_headers``), its frame is a common one
+    (``COMMON_FRAMES``) of at least 1 x 1 pixels with 1, 3 or 4 components, and an
+    end-of-image marker lies after the first scan's header in the file's last ``TAIL_BYTES``
+    bytes (an embedded thumbnail's end marker, before the scan, does not count; in the
+    entropy-coded data 0xFF is always followed by 0x00 or a restart code, so 0xFFD9 there is
+    the end).
+
+    Raises:
+        OSError: If the file cannot be read (permission).
+    """
+    headers = jpeg_headers(path)
+    if headers is None:
+        return False
+    code, height, width, components, scan = headers
+    if code not in COMMON_FRAMES or not height or not width or components not in (1, 3, 4):
+        return False
+    start = max(scan, os.path.getsize(path) - TAIL_BYTES)
+    with open(path, "rb") as f:
+        f.seek(start)
         return JPEG_END in f.read()
 
 
+# Pillow's names of the formats MindSpore's decoder (``mindspore.dataset.vision.Decode``, the
+# training pipeline's) reads; WebP, GIF and ICO open in Pillow but not there (measured with
+# MindSpore 2.10). MPO: a camera's JPEG with extra pictures, decoded as its first.
+DECODER_FORMATS = ("JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM")
+
+
 def decodes(path):
-    """Whether Pillow verifies (structure and checksums: PNG chunk CRCs) and fully decodes the
-    file (all pixel data present: a truncated PNG, BMP or JPEG fails)."""
+    """Whether the file is in a format MindSpore's decoder reads (``DECODER_FORMATS``), Pillow
+    verifies it (structure and checksums: PNG chunk CRCs) and fully decodes it (all pixel data
+    present: a truncated PNG, BMP or JPEG fails). (Decoding with MindSpore itself would also
+    tell, but its decoder writes each file it rejects to ``./abnormal_image.*``.)"""
     try:
         with Image.open(path) as image:
+            if image.format not in DECODER_FORMATS:
+                return False
             image.verify()
         with Image.open(path) as image:  # verify() leaves the image unusable: reopen
             image.load()
@@ -191,8 +258,9 @@ def decodes(path):
 
 
 def is_intact(path):
-    """Whether an image file is complete: a JPEG by its end marker (decoded only when that
-    is missing), any other file by a Pillow verify and decode."""
+    """Whether the pipeline's decoder can read an image file whole: a common JPEG by its
+    headers and end marker (``jpeg_looks_complete``), any other file (an unusual or
+    suspicious JPEG too) by decoding it (``decodes``)."""
     return jpeg_looks_complete(path) or decodes(path)
 
 
@@ -296,8 +364,10 @@ def check_image_folder(data_path, check_content=True):
                                         f"limit by default): raise the key to read them",
                                         large))
     if broken:
-        raise ImageFolderError(listing_text("corrupt or truncated image files (they crash the "
-                                        "decoder); remove or replace them", broken))
+        raise ImageFolderError(listing_text(f"corrupt or truncated image files, or of a format "
+                                            f"the decoder does not read (it reads "
+                                            f"{', '.join(DECODER_FORMATS)}); remove or replace "
+                                            f"them", broken))
     if skipped:
         LOGGER.warning(listing_text(f"skipping {len(skipped)} files that are not images "
                                 f"({', '.join(IMAGE_EXTENSIONS[:4])})", skipped))
