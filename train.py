@@ -168,7 +168,7 @@ def train_data_args(cfg, data_args):
     return dict(data_args, image_size=cfg.train_image_size, crop_scale=cfg.train_crop_scale,
                 auto_augment=cfg.auto_augment, randaugment_num_ops=cfg.randaugment_num_ops,
                 randaugment_magnitude=cfg.randaugment_magnitude,
-                random_erasing=cfg.random_erasing)
+                random_erasing=cfg.random_erasing, aug_repeats=cfg.aug_repeats)
 
 
 def batch_mixer(cfg, seed):
@@ -361,7 +361,9 @@ def build_data(cfg, rank, device_num):
     on resume).
     With ``val_split`` the training pipeline reads the training part of data_path and
     ``eval_args`` the held-out part (``split_image_folder``); ``class_balance sampler`` draws
-    class-balanced.
+    class-balanced; ``aug_repeats`` reads each drawn image that many times, the epoch as long
+    as without (``src.data.sampling.EpochSampler``), so ``steps_per_epoch`` is the cut
+    epoch's.
 
     Raises:
         ConfigError: If an epoch has no full batch, the run has more steps than
@@ -569,6 +571,13 @@ def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr
              f"{resolve_loss_scale_type(cfg.loss_scale_type, cfg.device_target)} "
              f"{cfg.loss_scale}" if amp_level != "O0" else "none", cfg.device_target,
              cfg.optimizer, cfg.loss, f", weight EMA decay {cfg.ema_decay}" if ema else "")
+    if cfg.aug_repeats > 1:
+        images = run.data["images"]
+        log.info("aug_repeats %d: every image drawn is read %d times, each copy augmented on "
+                 "its own; an epoch reads %d samples (%d per device), about %d distinct "
+                 "images of the %d", cfg.aug_repeats, cfg.aug_repeats,
+                 -(-images // device_num) * device_num, -(-images // device_num),
+                 -(-images // cfg.aug_repeats), images)
     if run.resume_path:
         log.info("resumed from %s: %d steps done (epoch %d, step %d of %d)", run.resume_path,
                  run.start_step, run.start_step // steps_per_epoch + 1,

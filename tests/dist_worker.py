@@ -20,10 +20,14 @@ values before the first step), name ``single`` or ``rank{r}_of{size}``.
 
 On 2 ranks each rank then also all-gathers two ints with ``all_gather_int`` (the collective
 under the ranks' agreement on the resume step, values beyond float32's exact integers
-included) and prints ``rank R gathered [...] [...]`` to its msrun log: one launch serves both
-checks.
+included) and prints ``rank R gathered [...] [...]`` to its msrun log, and reads its shard of
+an epoch of repeated augmentation (``EpochSampler`` over ``RA_IMAGES`` rows, ``RA_REPEATS``
+copies, seed ``RA_SEED``, sharded by its real rank and group size) through a MindSpore
+pipeline and prints ``rank R aug_repeats {JSON}`` (those three numbers and the rows read):
+one launch serves these checks.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -37,6 +41,7 @@ set_cpu_fast_path()
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 
+from src.data.sampling import EpochSampler  # noqa: E402
 from src.deploy.inference import preprocess_images  # noqa: E402
 from src.models.resnet import create_network  # noqa: E402
 from src.training.loss import CrossEntropySmooth  # noqa: E402
@@ -47,6 +52,7 @@ from tests.helpers import interleaved_class_images  # noqa: E402
 ACCUMULATION = 2  # micro-batches per optimizer step (trainstep)
 CLIP_NORM = 1.0  # global-norm threshold (trainstep): the gradients' norm is ~3.3, so it clips
 EMA_DECAY = 0.5  # far from 1, so 3 updates leave the averages away from the weights
+RA_IMAGES, RA_REPEATS, RA_SEED = 11, 3, 5  # the repeated-augmentation epoch read per rank
 
 
 def real_batches(data_path, steps, global_batch):
@@ -127,6 +133,20 @@ def main():
         from src.utils.device import all_gather_int
         print(f"rank {rank} gathered {all_gather_int(rank * 10 + 3)} "
               f"{all_gather_int(-1 + rank * 500000)}", flush=True)
+        print(f"rank {rank} aug_repeats {json.dumps(repeated_rows(rank, size))}", flush=True)
+
+
+def repeated_rows(rank, size):
+    """The rows this rank's pipeline reads in one epoch of repeated augmentation, with the
+    sampler's settings: ``{"images", "repeats", "seed", "rows"}``."""
+    import mindspore.dataset as ds
+
+    sampler = EpochSampler(np.arange(RA_IMAGES), seed=RA_SEED, num_shards=size,
+                           shard_id=rank, repeats=RA_REPEATS)
+    rows = ds.NumpySlicesDataset({"row": np.arange(RA_IMAGES)}, sampler=sampler)
+    return {"images": RA_IMAGES, "repeats": RA_REPEATS, "seed": RA_SEED,
+            "rows": [int(row[0]) for row in rows.create_tuple_iterator(num_epochs=1,
+                                                                        output_numpy=True)]}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
+from src.data.sampling import EpochSampler
 from src.utils.checkpoint import checkpoint_name
 from src.utils.device import check_fusion_config, fusion_config_for
 from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, succeeded
@@ -74,6 +75,26 @@ def test_all_gather_int_over_two_real_ranks(trained_parameters):
     ``tests/dist_worker.py`` after its training, in the launch above."""
     for rank in range(2):
         assert f"rank {rank} gathered [3, 13] [-1, 499999]" in trained_parameters["logs"]
+
+
+@pytest.mark.slow
+def test_two_real_ranks_read_the_repeated_augmentation_epoch_between_them(trained_parameters):
+    """Repeated augmentation on 2 msrun ranks (the launch above): each rank's pipeline reads
+    its shard, and the two, interleaved, are the epoch's sample list (its 11 images' order,
+    each image 3 times in a row, cut to 6 per rank), the copies of an image on both ranks."""
+    read = []
+    for rank in range(2):
+        lines = [line for line in trained_parameters["logs"].splitlines()
+                 if f"rank {rank} aug_repeats " in line]
+        assert len(lines) == 1, lines
+        read.append(json.loads(lines[0].split(" aug_repeats ", 1)[1]))
+    settings = {k: read[0][k] for k in ("images", "repeats", "seed")}
+    assert settings == {k: read[1][k] for k in settings} == {"images": 11, "repeats": 3,
+                                                             "seed": 5}
+    order = EpochSampler(np.arange(11), seed=5).epoch_order(0)
+    assert [len(r["rows"]) for r in read] == [6, 6]
+    np.testing.assert_array_equal(np.stack([r["rows"] for r in read], axis=1).ravel(),
+                                  np.repeat(order, 3)[:12])
 
 
 @pytest.mark.slow

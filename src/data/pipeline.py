@@ -50,7 +50,8 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
                    num_shards=None, shard_id=None, drop_remainder=None, shuffle=None,
                    check_images=True, auto_augment="none", randaugment_num_ops=2,
                    randaugment_magnitude=9, random_erasing=0.0, batch_transform=None,
-                   indices=None, balance_classes=False, eval_interpolation="bilinear"):
+                   indices=None, balance_classes=False, eval_interpolation="bilinear",
+                   aug_repeats=0):
     """Build a batched classification dataset.
 
     The augmentation arguments (``auto_augment`` to ``batch_transform``) apply to training
@@ -98,12 +99,17 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
             in expectation (``class_balance sampler``).
         eval_interpolation (str): Eval only: the resize filter, as ``create_transforms``'s
             ``interpolation``.
+        aug_repeats (int): Training only: repeated augmentation (timm's
+            ``num_aug_repeats``): each image drawn is read this many times in a row, over
+            the shards, each copy augmented on its own, every shard's epoch as long as
+            without repeats (``EpochSampler``'s ``repeats``); 0 or 1 = off. Any dataset.
 
-    With ``indices`` or ``balance_classes`` the rows come from ``src.data.sampling.
-    EpochSampler``, seeded with the dataset seed (``mindspore.dataset.config.get_seed()``)
-    when the pipeline is built: pass ``e`` of the pipeline is a function of that seed and
-    ``e`` alone, sharded as ``DistributedSampler`` shards (``num_shards``, ``shard_id``).
-    Without them, MindSpore's own samplers (``shuffle``, ``num_shards``, ``shard_id``).
+    With ``indices``, ``balance_classes`` or ``aug_repeats`` the rows come from
+    ``src.data.sampling.EpochSampler``, seeded with the dataset seed
+    (``mindspore.dataset.config.get_seed()``) when the pipeline is built: pass ``e`` of the
+    pipeline is a function of that seed and ``e`` alone, sharded as ``DistributedSampler``
+    shards (``num_shards``, ``shard_id``). Without them, MindSpore's own samplers
+    (``shuffle``, ``num_shards``, ``shard_id``).
 
     Returns:
         mindspore.dataset.Dataset: columns ``image`` float32 (batch, 3, image_size,
@@ -115,7 +121,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
         ValueError: If ``dataset`` is unknown, ``batch_size`` is not positive, an
             augmentation argument is invalid (as ``create_transforms``), or ``indices`` /
             ``balance_classes`` are given for ``cifar10`` or ``indices`` is empty or outside
-            the folder's images.
+            the folder's images, or ``aug_repeats`` is negative.
         ImageFolderError: Naming empty class folders, corrupt, truncated or macOS metadata
             files, or a short CIFAR-10 file.
     """
@@ -132,13 +138,22 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
     num_parallel_workers = max(1, min(num_parallel_workers, os.cpu_count() or 1))
     drop_remainder = is_training if drop_remainder is None else drop_remainder
     sampling = dict(shuffle=shuffle, num_shards=num_shards, shard_id=shard_id)
+    if aug_repeats < 0:
+        raise ValueError(f"aug_repeats must be 0 or more, got {aug_repeats}")
+    repeats = aug_repeats if is_training else 0
     if indices is not None or (balance_classes and is_training):
         if dataset != "imagefolder":
             raise ValueError(f"indices and balance_classes need dataset imagefolder, got "
                              f"{dataset!r}")
         check_image_folder(data_path, check_content=check_images)
         sampling = dict(sampler=folder_sampler(
-            data_path, indices, shuffle, balance_classes and is_training, num_shards, shard_id))
+            data_path, indices, shuffle, balance_classes and is_training, num_shards, shard_id,
+            repeats))
+    elif repeats > 1:
+        rows = np.arange(count_images(data_path, is_training, dataset))
+        sampling = dict(sampler=EpochSampler(rows, seed=ds.config.get_seed(), shuffle=shuffle,
+                                             num_shards=num_shards, shard_id=shard_id,
+                                             repeats=repeats))
     source, decoded = DATASET_READERS[dataset](
         data_path, is_training, check_images, num_parallel_workers=num_parallel_workers,
         **sampling)
@@ -246,10 +261,12 @@ def folder_signature(data_path):
                  for name in [""] + class_names_of(data_path))
 
 
-def folder_sampler(data_path, indices, shuffle, balance_classes, num_shards, shard_id):
+def folder_sampler(data_path, indices, shuffle, balance_classes, num_shards, shard_id,
+                   repeats=0):
     """The ``EpochSampler`` of ``create_dataset`` over a class folder: ``indices`` (all
     images if None), shuffled, or drawn class-balanced (weights ``balanced_sample_weights``
-    of their labels), seeded with the dataset seed now.
+    of their labels), each read ``repeats`` times (0 or 1: once), seeded with the dataset
+    seed now.
 
     Raises:
         ValueError: If ``indices`` is empty or names no image of the folder.
@@ -264,7 +281,7 @@ def folder_sampler(data_path, indices, shuffle, balance_classes, num_shards, sha
         labels = np.array([label for _, label in files], np.int64)[indices]
         weights = balanced_sample_weights(labels)
     return EpochSampler(indices, seed=ds.config.get_seed(), shuffle=shuffle, weights=weights,
-                        num_shards=num_shards, shard_id=shard_id)
+                        num_shards=num_shards, shard_id=shard_id, repeats=repeats)
 
 
 def class_names_of(data_path):

@@ -1,6 +1,7 @@
 """Which images an epoch reads: a subset of a folder (``val_split``), class-balanced draws
-(``class_balance sampler``), data-parallel shards, every epoch's order a function of (seed,
-epoch) alone; and the inverse-frequency class weights of ``class_balance``.
+(``class_balance sampler``), repeated augmentation (``aug_repeats``), data-parallel shards,
+every epoch's order a function of (seed, epoch) alone; and the inverse-frequency class
+weights of ``class_balance``.
 
 ``EpochSampler`` draws each epoch's order in numpy from (seed, epoch), then gives this
 shard its part, so every rank draws the same order and the shards split it. It replaces
@@ -85,6 +86,17 @@ class EpochSampler(ds.Sampler):
     counts on); weighted draws are drawn that multiple long instead of padded. Every shard
     reads ``ceil(len(indices) / S)`` positions.
 
+    With ``repeats`` k > 1 (repeated augmentation) each position of that order is first
+    written k times in a row, the list padded and strided the same way, and every shard keeps
+    its first ``ceil(len(indices) / S)`` positions: an epoch is as long as without repeats
+    and reads about ``1/k`` of the images, each k times, the copies on consecutive shards
+    (on one shard, consecutive rows). This is timm's ``RepeatAugSampler``
+    (``timm/data/distributed_sampler.py``, pytorch-image-models commit 372ad5fa) with
+    ``selected_round=0``, fed this epoch order instead of its ``torch.randperm`` seeded with
+    the epoch; timm's and torchvision's (``RASampler``, ``references/classification/
+    sampler.py``, vision commit 775e7604) default instead cuts every shard to
+    ``floor(n // 256 * 256 / S)``, which is empty below 256 images. docs/data.md says why.
+
     A pipeline rebuilt every epoch with the seed of the epoch (train.py's ``epoch_dataset``)
     reads its first pass; one pipeline over the run (dataset sink mode) reads pass ``e`` in
     epoch ``e``. ``Dataset.set_init_step`` replays the passes it skips (MindSpore calls the
@@ -99,14 +111,16 @@ class EpochSampler(ds.Sampler):
             all 0.
         num_shards (int, optional): Number of shards (data-parallel devices); None for 1.
         shard_id (int, optional): This shard, in [0, num_shards).
+        repeats (int): Copies of each position read in a row (timm's ``num_repeats``,
+            torchvision's ``repetitions``); 0 or 1 = none.
 
     Raises:
         ValueError: If ``indices`` is empty, ``weights`` does not match it or has no positive
-            weight, or ``shard_id`` is outside [0, num_shards).
+            weight, ``shard_id`` is outside [0, num_shards), or ``repeats`` is negative.
     """
 
     def __init__(self, indices, seed=0, shuffle=True, weights=None, num_shards=None,
-                 shard_id=None):
+                 shard_id=None, repeats=1):
         self.indices = np.asarray(indices, np.int64)
         if self.indices.ndim != 1 or not len(self.indices):
             raise ValueError(f"EpochSampler needs a non-empty list of indices, got "
@@ -122,13 +136,16 @@ class EpochSampler(ds.Sampler):
         self.shard_id = shard_id or 0
         if not 0 <= self.shard_id < self.num_shards:
             raise ValueError(f"shard_id {shard_id} is outside [0, {self.num_shards})")
+        if int(repeats) < 0:
+            raise ValueError(f"repeats must be 0 or more, got {repeats}")
+        self.repeats = max(1, int(repeats))
         self.seed, self.shuffle, self.epoch = int(seed) % 2 ** 64, bool(shuffle), 0
         self.per_shard = math.ceil(len(self.indices) / self.num_shards)
         super().__init__(num_samples=self.per_shard)
 
     def epoch_order(self, epoch):
-        """The positions of pass ``epoch`` over all shards (int64, ``per_shard * num_shards``
-        long for weighted draws, else ``len(indices)``)."""
+        """The positions of pass ``epoch`` over all shards before repeats (int64,
+        ``per_shard * num_shards`` long for weighted draws, else ``len(indices)``)."""
         if self.probabilities is None and not self.shuffle:
             return self.indices
         rng = np.random.default_rng([self.seed, SAMPLER_STREAM, epoch])
@@ -139,10 +156,9 @@ class EpochSampler(ds.Sampler):
 
     def shard_order(self, epoch):
         """This shard's positions of pass ``epoch`` (int64, ``per_shard`` long)."""
-        order = self.epoch_order(epoch)
-        padding = self.per_shard * self.num_shards - len(order)
-        if padding:
-            order = np.concatenate([order, order[:padding]])
+        needed = self.per_shard * self.num_shards  # the positions the shards read
+        order = self.epoch_order(epoch)[:-(-needed // self.repeats)]  # those repeated
+        order = np.resize(np.repeat(order, self.repeats), needed)  # padded cyclically
         return order[self.shard_id::self.num_shards]
 
     def __iter__(self):

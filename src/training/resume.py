@@ -66,7 +66,7 @@ added later is checked as soon as checkpoints store it."""
 RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
                "device_num", "optimizer", "trainable_layers", "freeze_bn", "layer_decay",
                "head_lr_scale", "linear_probe_epochs", "stem_pool_pad_mode", "val_split",
-               "class_balance") + LR_KEYS
+               "class_balance", "aug_repeats") + LR_KEYS
 """Keys checked before any other (their message comes first): the steps per epoch, the
 network, the per-step LR array and the images trained on."""
 

@@ -35,7 +35,7 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
                 "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm",
-                "linear_probe_epochs")
+                "linear_probe_epochs", "aug_repeats")
 """Keys whose value must be >= 0."""
 UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_prob": "[0, 1]",
                  "label_smoothing": "[0, 1)", "ema_decay": "[0, 1)", "beta1": "[0, 1)",
@@ -54,6 +54,8 @@ UPPER_BOUNDS = {
     "train_image_size": (4096, "pixels per side"),
     "eval_image_size": (4096, "pixels per side"),
     "eval_resize": (4096, "pixels per side"),
+    "aug_repeats": (64, "copies of each image drawn; an epoch sees 1/aug_repeats of the images, "
+                        "published recipes use 3 (DeiT) and 4 (torchvision)"),
 }
 """Keys with an upper bound of their own: key -> (bound, why). Every other integer (list items
 included) is at most ``INT32_MAX`` (MindSpore's counters and op attributes are int32), every
