@@ -75,7 +75,7 @@ def test_poly_equals_its_formula_at_every_step(warmup, end, power):
     """Every step: warmup peak * (s + 1) / W, then end + (peak - end) * (1 - (s - W) / (T - W +
     1)) ** power; the decay is the MLPerf reference's at the same step, the warmup the
     reference's one step later (the reference's first step has LR 0)."""
-    peak, total = 10.0 * 4096 / 4096, 420
+    peak, total = 10.0, 420
     lr = warmup_poly_lr(peak, total, warmup, end_lr=end, power=power)
     assert lr.dtype == np.float32 and lr.shape == (total,)
     formula = [peak * (s + 1) / warmup if s < warmup else

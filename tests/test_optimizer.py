@@ -372,7 +372,7 @@ def test_beta_too_close_to_one_needs_the_lr_per_step():
 # ---- LARS ----
 
 def lars_reference(init, grads, lrs, wd, momentum, trust_coeff, eps, form="mlperf",
-                   adapt_all=False):
+                   adapt_all=False, lr_scales=None):
     """LARS as the MLPerf reference ResNet-50 applies it (mlcommons/training
     retired_benchmarks/resnet-tf2/tensorflow2/lars_optimizer.py, ``compute_lr`` and
     ``_resource_apply_dense``), per tensor: for dense.weight (not in the reference's
@@ -381,11 +381,13 @@ def lars_reference(init, grads, lrs, wd, momentum, trust_coeff, eps, form="mlper
     w <- w - m. Variants, used only to show that the tests tell them apart:
     ``form="timm"`` keeps the LR outside the buffer (timm's Lars, NVIDIA's MXNet rescaled
     momentum): v = mu v + ratio g, w <- w - lr v; ``adapt_all`` gives every tensor the trust
-    ratio (MindSpore's nn.LARS default filter adapts BN gamma/beta)."""
+    ratio (MindSpore's nn.LARS default filter adapts BN gamma/beta). ``lr_scales``: name ->
+    multiple of the LR (a parameter group's LR array)."""
     params = {k: torch.tensor(v, dtype=torch.float64) for k, v in init.items()}
     buffers = {k: torch.zeros_like(p) for k, p in params.items()}
-    for lr, step_grads in zip(lrs, grads):
+    for step_lr, step_grads in zip(lrs, grads):
         for k, p in params.items():
+            lr = float(step_lr) * (lr_scales or {}).get(k, 1.0)
             g = torch.tensor(step_grads[k], dtype=torch.float64)
             ratio, decay = 1.0, (wd if k in DECAYED else 0.0)
             if k in DECAYED or adapt_all:
@@ -435,17 +437,34 @@ def test_lars_equals_mlperf_reference(mode):
 
 
 def test_lars_with_lr_groups_scales_each_step():
-    """With a head LR multiple (one LR array per group: here every parameter is the head's),
-    each step is the reference's at 3x the LR."""
+    """One LR array per group, as ``parameter_groups`` makes them for layer_decay and
+    head_lr_scale (here dense.weight 3x, dense.bias 1x, BN 0.5x; compiled): each parameter's
+    step is the reference's at its own LR."""
     init = initial_values()
     grads = gradient_steps(init)
-    ours = ms_run(init, grads, LRS, "graph", optimizer="lars", weight_decay=WD,
-                  head_lr_scale=3.0, **LARS_HYPER)
-    d = distances("lars/head_lr_scale 3", ours,
-                  reference=lars_reference(init, grads, 3 * LRS.astype(np.float64),
-                                           **lars_hyper()),
-                  unscaled=lars_reference(init, grads, LRS, **lars_hyper()))
-    assert d["reference"] < TOL and d["unscaled"] > 1e-3
+    scales = {"dense.weight": 3.0, "dense.bias": 1.0, "bn.gamma": 0.5, "bn.beta": 0.5}
+    net = LinearLossNet(init)
+    by_name = {p.name: p for p in net.trainable_params()}
+    groups = [{"params": [by_name[k] for k in keys], "weight_decay": wd,
+               "lr": ms.Tensor((LRS.astype(np.float64) * scales[keys[0]]).astype(np.float32))}
+              for keys, wd in ((["dense.weight"], WD), (["dense.bias"], 0.0),
+                               (["bn.gamma", "bn.beta"], 0.0))]
+    optimizer = OPTIMIZERS["lars"](groups + [{"order_params": net.trainable_params()}],
+                                   ms.Tensor(LRS), beta1=0.9, beta2=0.999, loss_scale=1.0,
+                                   **LARS_HYPER)
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        step = nn.TrainOneStepCell(net, optimizer)
+        for g in grads:
+            step(*(ms.Tensor(g[name]) for name in NAMES))
+    finally:
+        ms.set_context(mode=previous)
+    ours = {p.name: p.asnumpy() for p in net.trainable_params()}
+    d = distances("lars/group LRs", ours,
+                  reference=lars_reference(init, grads, LRS, lr_scales=scales, **lars_hyper()),
+                  one_lr=lars_reference(init, grads, LRS * 3, **lars_hyper()))
+    assert d["reference"] < TOL and d["one_lr"] > 1e-3
 
 
 def test_lars_zero_weight_norm_takes_the_full_step():
