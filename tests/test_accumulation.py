@@ -5,7 +5,8 @@ of an optimizer step saves after it, never inside it; the accumulation buffers a
 and a checkpoint without them resumes.
 
 The ``TrainStep`` side (k calls = one step on the whole batch, buffers cleared) is in
-``test_train_step.py``; overflow with accumulation in ``test_overflow.py``; data parallel in
+``test_train_step.py`` (here: the same for LARS, whose trust ratio takes the norm of the
+averaged gradient); overflow with accumulation in ``test_overflow.py``; data parallel in
 ``test_distributed.py``; bit-exact resume of a run with k = 2 in ``test_resume.py``.
 """
 import logging
@@ -19,6 +20,7 @@ import pytest
 from mindspore.train import Callback, RunContext
 
 from src.training.callbacks import OptimizerStepCallbacks, StepState
+from src.training.optimizer import create_optimizer
 from src.training.resume import restore_training_state
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
@@ -166,3 +168,38 @@ def test_fewer_batches_than_one_optimizer_step_is_an_error_naming_both():
     with pytest.raises(ConfigError, match="gives 2 full batches of batch_size 400 per device, "
                                           "fewer than the grad_accumulation_steps 3"):
         build_data(cfg, 0, 1)
+
+
+def lars_train_step(accumulation, seed=0):
+    """Small with frozen BatchNorm statistics, LARS (weight decay, BN and bias left out) over a
+    per-step LR array of two optimizer steps, in a TrainStep accumulating ``accumulation``
+    micro-batches."""
+    ms.set_seed(seed)
+    net = Small(use_batch_statistics=False)
+    opt = create_optimizer(net, np.array([0.2, 0.1], np.float32), optimizer="lars",
+                           momentum=0.9, weight_decay=1e-3, trust_coeff=0.02)
+    loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    return TrainStep(loss, opt, accumulation_steps=accumulation).set_train()
+
+
+def test_lars_accumulated_micro_batches_equal_one_step_on_the_whole_batch():
+    """Two optimizer steps: 3 micro-batches of 4 per step give the parameters and LARS buffers
+    of one step on the batch of 12 (the trust ratio sees the mean gradient, and the LR array
+    is indexed by optimizer steps)."""
+    whole, accumulated = lars_train_step(1), lars_train_step(3)
+    start = {p.name: p.asnumpy().copy() for p in whole.get_parameters()}
+    for image, label in batches(2, batch=12):
+        whole(image, label)
+        for i in range(3):
+            accumulated(image[i * 4:(i + 1) * 4], label[i * 4:(i + 1) * 4])
+    ours = {p.name: p.asnumpy() for p in accumulated.get_parameters()}
+    compared = [p.name for p in whole.get_parameters()
+                if p.name.startswith(("conv.", "bn.", "fc.", "lars_m.", "global_step"))
+                and "moving_" not in p.name]
+    assert "lars_m.conv.weight" in compared and "lars_m.bn.gamma" in compared
+    for p in whole.get_parameters():
+        if p.name in compared:
+            np.testing.assert_allclose(ours[p.name], p.asnumpy(), rtol=1e-6, atol=1e-7,
+                                       err_msg=p.name)
+    assert ours["global_step"].item() == 2
+    assert not np.allclose(ours["fc.weight"], start["fc.weight"])  # it trained

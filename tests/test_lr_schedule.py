@@ -9,6 +9,7 @@ from src.training.lr_schedule import (
     scale_lr,
     warmup_cosine_lr,
     warmup_linear_lr,
+    warmup_poly_lr,
     warmup_step_lr,
 )
 
@@ -55,3 +56,44 @@ def test_linear_scaling_with_global_batch():
     lr, peak = create_lr("cosine", 0.256, 256, global_batch_size=512, epoch_size=2,
                          steps_per_epoch=5, warmup_epochs=1)
     assert peak == pytest.approx(0.512) and lr.shape == (10,) and lr.max() == pytest.approx(0.512)
+
+
+def mlperf_poly(step, peak, total, warmup, end, power):
+    """The MLPerf reference's ``PolynomialDecayWithWarmup`` at its 0-based ``step``
+    (mlcommons/training retired_benchmarks/resnet-tf2/tensorflow2/lars_util.py): step <= W:
+    peak * step / W, else Keras ``PolynomialDecay(peak, D, end, power)`` at step - W with
+    D = total - W + 1."""
+    if step <= warmup:
+        return peak * step / warmup
+    decay_steps = total - warmup + 1
+    t = min(step - warmup, decay_steps)
+    return (peak - end) * (1 - t / decay_steps) ** power + end
+
+
+@pytest.mark.parametrize("warmup, end, power", [(45, 1e-4, 2.0), (45, 0.0, 1.5), (1, 0.3, 2.0)])
+def test_poly_equals_its_formula_at_every_step(warmup, end, power):
+    """Every step: warmup peak * (s + 1) / W, then end + (peak - end) * (1 - (s - W) / (T - W +
+    1)) ** power; the decay is the MLPerf reference's at the same step, the warmup the
+    reference's one step later (the reference's first step has LR 0)."""
+    peak, total = 10.0, 420
+    lr = warmup_poly_lr(peak, total, warmup, end_lr=end, power=power)
+    assert lr.dtype == np.float32 and lr.shape == (total,)
+    formula = [peak * (s + 1) / warmup if s < warmup else
+               end + (peak - end) * (1 - (s - warmup) / (total - warmup + 1)) ** power
+               for s in range(total)]
+    np.testing.assert_allclose(lr, formula, rtol=1e-6)
+    reference = [mlperf_poly(s if s >= warmup else s + 1, peak, total, warmup, end, power)
+                 for s in range(total)]
+    np.testing.assert_allclose(lr, reference, rtol=1e-6)
+    assert lr[warmup] == pytest.approx(peak) and lr[-1] > end
+
+
+def test_poly_without_warmup_and_through_create_lr():
+    lr = warmup_poly_lr(2.0, 9, 0, end_lr=0.0, power=2.0)
+    np.testing.assert_allclose(lr, [2.0 * (1 - t / 10) ** 2 for t in range(9)], rtol=1e-6)
+    lr, peak = create_lr("poly", 10.0, 4096, global_batch_size=8192, epoch_size=4,
+                         steps_per_epoch=10, warmup_epochs=1, lr_end=1e-4, lr_poly_power=3.0)
+    assert peak == pytest.approx(20.0)
+    np.testing.assert_allclose(lr, warmup_poly_lr(20.0, 40, 10, 1e-4, 3.0), rtol=0)
+    with pytest.raises(ValueError, match="lr_poly_power must be > 0, got 0"):
+        warmup_poly_lr(1.0, 10, 2, power=0)

@@ -1,5 +1,6 @@
 """``create_optimizer``: AdamW against ``torch.optim.AdamW``, LAMB against the paper written
-out in torch, the weight-decay groups of all three optimizers, the moments' checkpoint names,
+out in torch, LARS against the MLPerf reference's rule written out in torch, the weight-decay
+groups of all four optimizers, the moments' checkpoint names,
 the unchanged Momentum and the argument errors.
 
 The network is a Dense and a BatchNorm (so both groups exist: dense.weight is decayed,
@@ -368,6 +369,131 @@ def test_beta_too_close_to_one_needs_the_lr_per_step():
         create_optimizer(net, LRS, optimizer="lamb", beta2=1 - 1e-9)
 
 
+# ---- LARS ----
+
+def lars_reference(init, grads, lrs, wd, momentum, trust_coeff, eps, form="mlperf",
+                   adapt_all=False, lr_scales=None):
+    """LARS as the MLPerf reference ResNet-50 applies it (mlcommons/training
+    retired_benchmarks/resnet-tf2/tensorflow2/lars_optimizer.py, ``compute_lr`` and
+    ``_resource_apply_dense``), per tensor: for dense.weight (not in the reference's
+    skip_list) ratio = tc ||w|| / (||g|| + wd ||w|| + eps) when both norms are > 0, else 1, and
+    g <- g + wd w; bias and BN (skipped) keep ratio 1 and no decay; then m = mu m + lr ratio g,
+    w <- w - m. Variants, used only to show that the tests tell them apart:
+    ``form="timm"`` keeps the LR outside the buffer (timm's Lars, NVIDIA's MXNet rescaled
+    momentum): v = mu v + ratio g, w <- w - lr v; ``adapt_all`` gives every tensor the trust
+    ratio (MindSpore's nn.LARS default filter adapts BN gamma/beta). ``lr_scales``: name ->
+    multiple of the LR (a parameter group's LR array)."""
+    params = {k: torch.tensor(v, dtype=torch.float64) for k, v in init.items()}
+    buffers = {k: torch.zeros_like(p) for k, p in params.items()}
+    for step_lr, step_grads in zip(lrs, grads):
+        for k, p in params.items():
+            lr = float(step_lr) * (lr_scales or {}).get(k, 1.0)
+            g = torch.tensor(step_grads[k], dtype=torch.float64)
+            ratio, decay = 1.0, (wd if k in DECAYED else 0.0)
+            if k in DECAYED or adapt_all:
+                w_norm, g_norm = float(p.norm()), float(g.norm())
+                if w_norm > 0 and g_norm > 0:
+                    ratio = trust_coeff * w_norm / (g_norm + decay * w_norm + eps)
+                g = g + decay * p
+            if form == "mlperf":
+                buffers[k] = momentum * buffers[k] + float(lr) * ratio * g
+                params[k] = p - buffers[k]
+            else:
+                buffers[k] = momentum * buffers[k] + ratio * g
+                params[k] = p - float(lr) * buffers[k]
+    return {k: p.numpy() for k, p in params.items()}
+
+
+# A trust coefficient large enough that the trust ratio is O(0.1-1) here (0.001 would make
+# every step ~1e-4 and the variants indistinguishable at float32 level); eps large enough to
+# show in the denominator.
+LARS_HYPER = {"momentum": 0.9, "trust_coeff": 0.5, "eps": 1e-2}
+
+
+def lars_hyper(wd=WD, **changes):
+    """LARS_HYPER (and ``wd``) rounded to float32, as MindSpore computes with them."""
+    return {k: f32(v) for k, v in dict(LARS_HYPER, wd=wd, **changes).items()}
+
+
+def test_lars_equals_mlperf_reference(mode):
+    """Lars = the MLPerf reference's rule written out in torch to 1e-6 after 5 steps of a
+    changing LR, PyNative and compiled; bn.gamma, bn.beta (at 0) and dense.bias neither
+    adapted nor decayed. Each departure shows: timm's / NVIDIA's momentum form (LR outside
+    the buffer), the trust ratio on every tensor, no weight decay, the eps left out."""
+    init = initial_values()
+    grads = gradient_steps(init)
+    ours = ms_run(init, grads, LRS, mode, optimizer="lars", weight_decay=WD, **LARS_HYPER)
+    d = distances(f"lars/{mode}", ours,
+                  mlperf=lars_reference(init, grads, LRS, **lars_hyper()),
+                  lr_outside_buffer=lars_reference(init, grads, LRS, form="timm",
+                                                   **lars_hyper()),
+                  ratio_on_every_tensor=lars_reference(init, grads, LRS, adapt_all=True,
+                                                       **lars_hyper()),
+                  no_decay=lars_reference(init, grads, LRS, **lars_hyper(wd=0.0)),
+                  no_eps=lars_reference(init, grads, LRS, **lars_hyper(eps=0.0)))
+    assert d["mlperf"] < TOL
+    for variant in ("lr_outside_buffer", "ratio_on_every_tensor", "no_decay", "no_eps"):
+        assert d[variant] > 1e-4, variant
+
+
+def test_lars_with_lr_groups_scales_each_step():
+    """One LR array per group, as ``parameter_groups`` makes them for layer_decay and
+    head_lr_scale (here dense.weight 3x, dense.bias 1x, BN 0.5x; compiled): each parameter's
+    step is the reference's at its own LR."""
+    init = initial_values()
+    grads = gradient_steps(init)
+    scales = {"dense.weight": 3.0, "dense.bias": 1.0, "bn.gamma": 0.5, "bn.beta": 0.5}
+    net = LinearLossNet(init)
+    by_name = {p.name: p for p in net.trainable_params()}
+    groups = [{"params": [by_name[k] for k in keys], "weight_decay": wd,
+               "lr": ms.Tensor((LRS.astype(np.float64) * scales[keys[0]]).astype(np.float32))}
+              for keys, wd in ((["dense.weight"], WD), (["dense.bias"], 0.0),
+                               (["bn.gamma", "bn.beta"], 0.0))]
+    optimizer = OPTIMIZERS["lars"](groups + [{"order_params": net.trainable_params()}],
+                                   ms.Tensor(LRS), beta1=0.9, beta2=0.999, loss_scale=1.0,
+                                   **LARS_HYPER)
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        step = nn.TrainOneStepCell(net, optimizer)
+        for g in grads:
+            step(*(ms.Tensor(g[name]) for name in NAMES))
+    finally:
+        ms.set_context(mode=previous)
+    ours = {p.name: p.asnumpy() for p in net.trainable_params()}
+    d = distances("lars/group LRs", ours,
+                  reference=lars_reference(init, grads, LRS, lr_scales=scales, **lars_hyper()),
+                  one_lr=lars_reference(init, grads, LRS * 3, **lars_hyper()))
+    assert d["reference"] < TOL and d["one_lr"] > 1e-3
+
+
+def test_lars_zero_weight_norm_takes_the_full_step():
+    """||w|| = 0 on an adapted tensor (dense.weight at 0): ratio 1, so the first step moves it
+    by lr * g (the ratio's formula would give 0)."""
+    init = dict(initial_values(), **{"dense.weight": np.zeros((3, 4), np.float32)})
+    grads = gradient_steps(init, steps=1)
+    first = ms_run(init, grads, LRS, "pynative", optimizer="lars", weight_decay=WD,
+                   **LARS_HYPER)
+    np.testing.assert_allclose(first["dense.weight"], -LRS[0] * grads[0]["dense.weight"],
+                               rtol=1e-6)
+
+
+def test_lars_buffer_names_are_checkpoint_optimizer_state():
+    from src.utils.checkpoint import TRAINING_STATE_PREFIXES
+    optimizer = create_optimizer(LinearLossNet(initial_values()), 0.1, optimizer="lars")
+    assert [p.name for p in optimizer.moments] == ["lars_m." + n for n in NAMES]
+    assert "lars_m." in TRAINING_STATE_PREFIXES
+
+
+@pytest.mark.parametrize("kwargs, message", [({"momentum": -0.1}, "momentum must be >= 0"),
+                                             ({"trust_coeff": 0.0}, "trust_coeff must be > 0"),
+                                             ({"eps": 0.0}, "eps must be > 0")])
+def test_lars_rejects_bad_hyperparameters(kwargs, message):
+    net = LinearLossNet(initial_values())
+    with pytest.raises(ValueError, match=message):
+        create_optimizer(net, 0.1, optimizer="lars", **kwargs)
+
+
 # ---- groups ----
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -382,6 +508,8 @@ def test_weight_decay_only_on_conv_and_dense_weights(name):
         "momentum": w0 * (1 - lr * wd) - lr * (0.9 * wd * w0 + wd * w0 * (1 - lr * wd)),
         "adamw": w0 * (1 - lr * wd) ** 2,  # m = v = 0: w <- w - lr * wd * w
         "lamb": w0 * (1 - lr) ** 2,  # r = wd * w, ratio ||w|| / ||wd w|| = 1 / wd
+        # ||g|| = 0: ratio 1; m1 = lr wd w0, w1 = w0 (1 - lr wd); m2 = 0.9 m1 + lr wd w1
+        "lars": w0 * (1 - lr * wd) - (0.9 * lr * wd * w0 + lr * wd * w0 * (1 - lr * wd)),
     }[name]
     np.testing.assert_allclose(ours["dense.weight"], expected, rtol=1e-6)
     for k in ("dense.bias", "bn.gamma", "bn.beta"):
@@ -437,11 +565,11 @@ def test_momentum_bit_identical_to_todays_construction(loss_scale):
 
 def test_unknown_name_raises_key_error_listing_names():
     net = LinearLossNet(initial_values())
-    with pytest.raises(KeyError, match="valid names: adamw, lamb, momentum"):
+    with pytest.raises(KeyError, match="valid names: adamw, lamb, lars, momentum"):
         create_optimizer(net, 0.1, optimizer="sgd")
 
 
-@pytest.mark.parametrize("name", ["adamw", "lamb"])
+@pytest.mark.parametrize("name", ["adamw", "lamb", "lars"])
 def test_loss_scale_rejected_without_momentum(name):
     net = LinearLossNet(initial_values())
     with pytest.raises(ValueError, match="cannot divide out a fixed loss scale"):

@@ -16,6 +16,7 @@ import pytest
 from mindspore.train import RunContext
 
 from src.training.callbacks import StepState
+from src.training.optimizer import create_optimizer
 from src.training.resume import NOT_REQUIRED, restore_training_state
 from src.training.train_step import TrainStep, WeightEma
 from src.utils.checkpoint import (
@@ -42,13 +43,18 @@ def force_ascend_910b_check(step):
     return step
 
 
-def dynamic_step(seed=0, clip=1.0, accumulation=2):
+def dynamic_step(seed=0, clip=1.0, accumulation=2, optimizer="momentum"):
     """TrainStep with a dynamic loss scale (1024, factor 2), the 910B overflow check,
-    accumulation, clipping, Momentum and a weight EMA; soft targets (an inf can be put in a
-    label without touching the forward pass)."""
+    accumulation, clipping, Momentum (or ``optimizer`` "lars": LARS with weight decay, its
+    BN and bias left out) and a weight EMA; soft targets (an inf can be put in a label without
+    touching the forward pass)."""
     ms.set_seed(seed)
     net = Small()
-    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    if optimizer == "momentum":
+        opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    else:
+        opt = create_optimizer(net, 0.1, optimizer=optimizer, momentum=0.9, weight_decay=1e-3,
+                               trust_coeff=0.02)
     with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=False,
                                                                       reduction="mean"))
     step = TrainStep(with_loss, opt, nn.DynamicLossScaleUpdateCell(SCALE, SCALE_FACTOR, 1000),
@@ -90,12 +96,13 @@ def bn_statistics(name):
     return "moving_" in name
 
 
-def test_an_overflowed_step_changes_nothing_and_the_next_step_trains():
+@pytest.mark.parametrize("optimizer", ["momentum", "lars"])
+def test_an_overflowed_step_changes_nothing_and_the_next_step_trains(optimizer):
     """GRAPH mode, 2 accumulated micro-batches, clipping, EMA, dynamic scale: an inf in the
-    second micro-batch skips the step. Then the run continues exactly as a run that never saw
-    that batch."""
+    second micro-batch skips the step (weights, momentum buffers, step unchanged). Then the
+    run continues exactly as a run that never saw that batch."""
     good_1, good_2 = batch(1), batch(3)
-    step = dynamic_step()
+    step = dynamic_step(optimizer=optimizer)
     feed(step, good_1)
     before = state_of(step)
     loss, overflow, scale = feed(step, batch(2, inf_row=6))
@@ -112,14 +119,15 @@ def test_an_overflowed_step_changes_nothing_and_the_next_step_trains():
     assert not bool(overflow.asnumpy()) and float(scale.asnumpy()) == SCALE / SCALE_FACTOR
     trained = state_of(step)
     assert trained[OVERFLOW_COUNTER].item() == 1 and trained["global_step"].item() == 2
-    reference = dynamic_step()
+    reference = dynamic_step(optimizer=optimizer)
     for data in (good_1, good_2):
         feed(reference, data)
     expected = state_of(reference)
-    compared = [n for n in expected if n.startswith(("conv.", "bn.", "fc.", "moments.", "ema.",
+    buffers = {"momentum": "moments.", "lars": "lars_m."}[optimizer]
+    compared = [n for n in expected if n.startswith(("conv.", "bn.", "fc.", buffers, "ema.",
                                                      "global_step", "ema_updates"))
                 and not bn_statistics(n)]
-    assert len(compared) > 10
+    assert len(compared) > 10 and buffers + "fc.weight" in compared
     for name in compared:
         np.testing.assert_allclose(trained[name], expected[name], rtol=1e-6, atol=1e-7,
                                    err_msg=name)

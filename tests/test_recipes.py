@@ -20,6 +20,7 @@ SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "6
 @pytest.mark.parametrize("recipe, expected", [
     ("resnet50_rsb_a3.yaml", "optimizer lamb, loss bce"),
     ("resnet50_torchvision_v2.yaml", "optimizer momentum, loss ce, weight EMA decay 0.99996585"),
+    ("resnet50_lars_large_batch.yaml", "optimizer lars, loss ce"),
 ])
 def test_imagenet_recipe_trains(recipe, expected, tmp_path):
     """Every feature the recipe file turns on runs (here on CPU, small): RandAugment, LAMB,
@@ -34,7 +35,8 @@ def test_imagenet_recipe_trains(recipe, expected, tmp_path):
 def test_recipe_files_name_their_source_and_figure():
     for recipe, figure in (("resnet50_torchvision_v2.yaml", "80.858%"),
                            ("resnet50_rsb_a3.yaml", "78.1%"),
-                           ("resnet50_nvidia_250ep.yaml", "78.4%")):
+                           ("resnet50_nvidia_250ep.yaml", "78.4%"),
+                           ("resnet50_lars_large_batch.yaml", "75.9%")):
         path = os.path.join(ROOT, "configs", recipe)
         text = open(path, encoding="utf-8").read()
         assert figure in text and "Source:" in text

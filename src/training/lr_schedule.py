@@ -2,7 +2,8 @@
 
 ``warmup_cosine_lr`` is NVIDIA DeepLearningExamples' ``lr_cosine_policy`` (ResNet-50 v1.5)
 evaluated per step instead of per epoch; ``warmup_linear_lr`` and ``warmup_step_lr`` are
-the two other schedules of MindSpore ModelZoo's ResNet.
+the two other schedules of MindSpore ModelZoo's ResNet; ``warmup_poly_lr`` is the MLPerf
+reference ResNet-50's ``PolynomialDecayWithWarmup`` (used with LARS).
 """
 import math
 
@@ -74,6 +75,41 @@ def warmup_linear_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
+def warmup_poly_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0, power=2.0):
+    """Linear warmup to ``peak_lr``, then polynomial decay towards ``end_lr``: the MLPerf
+    Training reference ResNet-50's ``PolynomialDecayWithWarmup`` (mlcommons/training
+    ``retired_benchmarks/resnet-tf2/tensorflow2/lars_util.py``, commit 3c81f6f; Keras
+    ``PolynomialDecay`` with ``cycle=False``, power 2 there).
+
+    Step s < W: peak * (s + 1) / W. Step s >= W: end + (peak - end) * (1 - t / D) ** power
+    with t = s - W and D = total - W + 1: the reference's decay steps, counted from the end
+    of warmup, so the first decay step is the peak and the last is
+    end + (peak - end) * (2 / D) ** power (``end_lr`` would come two steps past the end).
+    The decay equals the reference's at every step; its warmup gives peak * s / W at its
+    0-based step s (LR 0 on the first step), one step behind this one.
+
+    Args:
+        peak_lr (float): LR at the end of warmup (already scaled to the global batch).
+        total_steps (int): Number of training steps (epochs * steps per epoch).
+        warmup_steps (int): Number of warmup steps.
+        end_lr (float): Value the decay approaches (the reference's ``end_learning_rate``).
+        power (float): Exponent of the decay, > 0 (the reference's 2).
+
+    Returns:
+        numpy.ndarray: float32, shape (total_steps,).
+
+    Raises:
+        ValueError: If the step counts are inconsistent or ``power`` <= 0.
+    """
+    _check(total_steps, warmup_steps)
+    if not power > 0:
+        raise ValueError(f"lr_poly_power must be > 0, got {power}")
+    decay_steps = total_steps - warmup_steps + 1
+    decay = [end_lr + (peak_lr - end_lr) * (1.0 - t / decay_steps) ** power
+             for t in range(total_steps - warmup_steps)]
+    return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
+
+
 def warmup_step_lr(peak_lr, total_steps, warmup_steps, steps_per_epoch, decay_epochs,
                    decay_factor=0.1):
     """Linear warmup, then ``peak_lr`` multiplied by ``decay_factor`` at each decay epoch.
@@ -95,11 +131,11 @@ def warmup_step_lr(peak_lr, total_steps, warmup_steps, steps_per_epoch, decay_ep
 
 def create_lr(lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch_size,
               steps_per_epoch, warmup_epochs, lr_end=0.0, lr_decay_epochs=(),
-              lr_decay_factor=0.1):
+              lr_decay_factor=0.1, lr_poly_power=2.0):
     """The per-step LR array of a recipe (the config keys of the same names).
 
     Args:
-        lr_schedule (str): ``cosine``, ``linear`` or ``step`` (``SCHEDULES``).
+        lr_schedule (str): ``cosine``, ``linear``, ``step`` or ``poly`` (``SCHEDULES``).
         base_lr (float): LR per ``base_lr_batch_size`` images of global batch.
         base_lr_batch_size (int): Global batch at which ``base_lr`` applies (images).
         global_batch_size (int): Images per optimizer step over all devices:
@@ -107,9 +143,10 @@ def create_lr(lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch
         epoch_size (int): Training epochs.
         steps_per_epoch (int): Optimizer steps in one epoch (per device = global).
         warmup_epochs (int): Linear warmup length, epochs (capped at the whole run).
-        lr_end (float): Value cosine and linear decay towards (absolute, not scaled).
+        lr_end (float): Value cosine, linear and poly decay towards (absolute, not scaled).
         lr_decay_epochs (list[int]): ``step``: epochs at which the LR drops.
         lr_decay_factor (float): ``step``: multiplier at each drop.
+        lr_poly_power (float): ``poly``: exponent of the decay.
 
     Returns:
         tuple: (numpy float32 array of shape (epoch_size * steps_per_epoch,), peak LR).
@@ -122,16 +159,19 @@ def create_lr(lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch
     peak = scale_lr(base_lr, global_batch_size, base_lr_batch_size)
     total = epoch_size * steps_per_epoch
     warmup = min(warmup_epochs * steps_per_epoch, total)
-    if lr_schedule == "step":
-        return warmup_step_lr(peak, total, warmup, steps_per_epoch, lr_decay_epochs,
-                              lr_decay_factor), peak
-    return SCHEDULES[lr_schedule](peak, total, warmup, lr_end), peak
+    options = {"step": {"steps_per_epoch": steps_per_epoch, "decay_epochs": lr_decay_epochs,
+                        "decay_factor": lr_decay_factor},
+               "poly": {"end_lr": lr_end, "power": lr_poly_power}}
+    return SCHEDULES[lr_schedule](peak, total, warmup,
+                                  **options.get(lr_schedule, {"end_lr": lr_end})), peak
 
 
 LR_KEYS = ("lr_schedule", "base_lr", "base_lr_batch_size", "epoch_size", "warmup_epochs",
-           "lr_end", "lr_decay_epochs", "lr_decay_factor")
+           "lr_end", "lr_decay_epochs", "lr_decay_factor", "lr_poly_power")
 """Config keys that define the LR recipe (``create_lr``'s arguments besides the batch and
 the steps per epoch)."""
 
-SCHEDULES = {"cosine": warmup_cosine_lr, "linear": warmup_linear_lr, "step": warmup_step_lr}
-"""Schedule name -> function; cosine and linear take (peak, total, warmup, end)."""
+SCHEDULES = {"cosine": warmup_cosine_lr, "linear": warmup_linear_lr, "step": warmup_step_lr,
+             "poly": warmup_poly_lr}
+"""Schedule name -> function of (peak, total, warmup, ...); cosine and linear then take
+``end_lr``, step its epochs and factor, poly ``end_lr`` and ``power`` (``create_lr``)."""

@@ -69,7 +69,7 @@ def build_train_step(cfg, net, lr, amp_level, ema=None):
     optimizer = create_optimizer(net, lr, optimizer=cfg.optimizer, momentum=cfg.momentum,
                                  weight_decay=cfg.weight_decay, beta1=cfg.beta1,
                                  beta2=cfg.beta2, eps=cfg.eps, layer_decay=cfg.layer_decay,
-                                 head_lr_scale=cfg.head_lr_scale)
+                                 head_lr_scale=cfg.head_lr_scale, trust_coeff=cfg.trust_coeff)
     loss_fn = create_loss(cfg.loss, cfg.label_smoothing, cfg.class_num,
                           bce_target_threshold=cfg.bce_target_threshold,
                           soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),

@@ -3,9 +3,11 @@ layer-wise LR decay (timm's ``layer_decay``) and classifier LR multiple.
 
 ``create_optimizer`` builds one of the optimizers in ``OPTIMIZERS``: SGD with momentum
 (``nn.Momentum``, the default and the recipes' optimizer), AdamW (``AdamW`` below, equal to
-``torch.optim.AdamW``; MindSpore's ``nn.AdamWeightDecay`` is not) or LAMB (``Lamb`` below:
-MindSpore 2.10's ``nn.Lamb`` has no CPU kernel). ``AdamW`` and ``Lamb`` share one update
-function and one ``construct`` (``_BiasCorrectedAdam``) and differ only in the trust ratio.
+``torch.optim.AdamW``; MindSpore's ``nn.AdamWeightDecay`` is not), LAMB (``Lamb`` below:
+MindSpore 2.10's ``nn.Lamb`` has no CPU kernel) or LARS (``Lars`` below, the MLPerf
+reference's rule: MindSpore's ``nn.LARS`` is deprecated and has no CPU kernel). ``AdamW``
+and ``Lamb`` share one update function and one ``construct`` (``_BiasCorrectedAdam``) and
+differ only in the trust ratio.
 
 No training graph holds a float64 operation (Ascend's AI Core has no float64): the bias
 corrections ``1 - beta^t`` are computed on the host in float64 (``bias_correction_table``) and
@@ -21,12 +23,22 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+#: Name endings of the parameters without weight decay (and without LARS's trust ratio):
+#: BatchNorm gamma/beta and every bias.
+NO_DECAY_SUFFIXES = (".gamma", ".beta", ".bias")
+
+
+def is_decayed(name):
+    """Whether the parameter ``name`` is a convolution or dense weight (decayed, and adapted by
+    LARS), not a BatchNorm gamma/beta or a bias (``NO_DECAY_SUFFIXES``)."""
+    return not name.endswith(NO_DECAY_SUFFIXES)
+
 
 def split_weight_decay(params):
     """Split trainable parameters into (decayed, not decayed).
 
     Following NVIDIA's ResNet-50 v1.5 recipe, only convolution and dense weights are decayed;
-    BatchNorm gamma/beta and all biases are not.
+    BatchNorm gamma/beta and all biases are not (``is_decayed``).
 
     Args:
         params (list[Parameter]): ``net.trainable_params()``.
@@ -34,9 +46,8 @@ def split_weight_decay(params):
     Returns:
         tuple(list, list): decayed parameters, other parameters.
     """
-    no_decay_suffixes = (".gamma", ".beta", ".bias")
-    decay = [p for p in params if not p.name.endswith(no_decay_suffixes)]
-    no_decay = [p for p in params if p.name.endswith(no_decay_suffixes)]
+    decay = [p for p in params if is_decayed(p.name)]
+    no_decay = [p for p in params if not is_decayed(p.name)]
     return decay, no_decay
 
 
@@ -168,6 +179,19 @@ def _schedule_length(learning_rate):
     return None
 
 
+def _l2_norm(x):
+    """The L2 norm of float32 ``x`` (a scalar Tensor)."""
+    return F.sqrt(F.reduce_sum(F.square(x)))
+
+
+def _ratio_if_norms_positive(numerator, denominator, w_norm, other_norm):
+    """``numerator / denominator`` where ``w_norm`` and ``other_norm`` are both > 0, else 1
+    (the trust ratios' zero-norm rule; no division by 0 is computed)."""
+    both_positive = F.logical_and(w_norm > 0.0, other_norm > 0.0)
+    ones = F.ones_like(w_norm)
+    return F.select(both_positive, numerator / F.select(both_positive, denominator, ones), ones)
+
+
 _adam_update = C.MultitypeFuncGraph("resnet_adam_update")
 
 
@@ -195,12 +219,8 @@ def _adam_update_tensor(beta1, beta2, eps, bias_correction1, bias_correction2, t
     if decay_flag:
         update = update + weight_decay * w
     if trust_ratio:
-        w_norm = F.sqrt(F.reduce_sum(F.square(w)))
-        u_norm = F.sqrt(F.reduce_sum(F.square(update)))
-        both_positive = F.logical_and(w_norm > 0.0, u_norm > 0.0)
-        ones = F.ones_like(w_norm)
-        ratio = F.select(both_positive, w_norm / F.select(both_positive, u_norm, ones), ones)
-        update = ratio * update
+        w_norm, u_norm = _l2_norm(w), _l2_norm(update)
+        update = _ratio_if_norms_positive(w_norm, u_norm, w_norm, u_norm) * update
     next_w = w - lr * update
     next_w = F.depend(next_w, F.assign(param, F.cast(next_w, F.dtype(param))))
     next_w = F.depend(next_w, F.assign(m, F.cast(next_m, F.dtype(m))))
@@ -367,29 +387,142 @@ class Lamb(_BiasCorrectedAdam):
         super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay)
 
 
-def _build_momentum(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
-    """``nn.Momentum``: exactly the recipes' optimizer (betas and eps unused)."""
-    del beta1, beta2, eps
+_lars_update = C.MultitypeFuncGraph("resnet_lars_update")
+
+
+@_lars_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                       "Tensor", "Bool", "Bool")
+def _lars_update_tensor(momentum, trust_coeff, eps, lr, weight_decay, param, moment, gradient,
+                        adapt, optim_filter):
+    """One step of one parameter for ``Lars``, returning its new value (or ``gradient``
+    where ``optim_filter`` is False); updates ``param`` and ``moment`` in place. ``adapt``
+    (a Python bool per parameter) selects the trust ratio and weight decay."""
+    if not optim_filter:
+        return gradient
+    w = F.cast(param, mstype.float32)
+    g = F.cast(gradient, mstype.float32)
+    scaled_lr = lr
+    if adapt:
+        w_norm, g_norm = _l2_norm(w), _l2_norm(g)
+        scaled_lr = lr * _ratio_if_norms_positive(
+            trust_coeff * w_norm, g_norm + weight_decay * w_norm + eps, w_norm, g_norm)
+        g = g + weight_decay * w
+    next_m = momentum * F.cast(moment, mstype.float32) + scaled_lr * g
+    next_w = w - next_m
+    next_w = F.depend(next_w, F.assign(param, F.cast(next_w, F.dtype(param))))
+    next_w = F.depend(next_w, F.assign(moment, F.cast(next_m, F.dtype(moment))))
+    return F.cast(next_w, F.dtype(param))
+
+
+class Lars(nn.Optimizer):
+    r"""LARS (You, Gitman, Ginsburg 2017, arXiv:1708.03888) as the MLPerf Training reference
+    ResNet-50 writes it: mlcommons/training ``retired_benchmarks/resnet-tf2/tensorflow2/
+    lars_optimizer.py`` (``LARSOptimizer``, commit 3c81f6f), with its ``skip_list``
+    ``['batch_normalization', 'bias', 'bn']`` as ``is_decayed``. Per parameter tensor
+    :math:`w` with gradient :math:`g`, LR :math:`\eta_t` (the scheduled LR, times the
+    group's multiple), weight decay :math:`\lambda`, momentum :math:`\mu`, trust coefficient
+    :math:`\tau` and :math:`\epsilon`:
+
+    .. math::
+        \rho_t = \tau \|w\|_2 / (\|g\|_2 + \lambda \|w\|_2 + \epsilon)
+            \text{ if } \|w\|_2 > 0 \text{ and } \|g\|_2 > 0 \text{, else } 1 \\
+        m_t = \mu m_{t-1} + \eta_t \rho_t (g + \lambda w_{t-1}) \\
+        w_t = w_{t-1} - m_t
+
+    for convolution and dense weights; BatchNorm gamma/beta and biases take
+    :math:`\rho_t = 1` and no weight decay (plain momentum SGD: :math:`m_t = \mu m_{t-1} +
+    \eta_t g`). The norms are of the pre-step weights and the unscaled, all-reduced gradient.
+    The LR sits inside the momentum buffer (TensorFlow's form), so a changing LR acts on new
+    gradients only; NVIDIA's MXNet submissions (``SGDwFASTLARS``) rescale the momentum by
+    :math:`\eta_t / \eta_{t-1}`, which is timm's ``Lars`` form :math:`v_t = \mu v_{t-1} +
+    \rho_t (g + \lambda w)`, :math:`w_t = w_{t-1} - \eta_t v_t` (docs/training.md,
+    "Optimizers"). Built from standard operators (CPU, GPU, Ascend); the buffers
+    :math:`m` are ``lars_m.*``, in the parameter's dtype, computed in float32.
+
+    Args:
+        params (Union[list[Parameter], list[dict]]): Parameters or groups, as for
+            ``nn.Optimizer``; a group's ``weight_decay`` is its :math:`\lambda`.
+        learning_rate (Union[float, Tensor, Iterable, LearningRateSchedule]): As for
+            ``nn.Optimizer``; a 1-D Tensor gives the LR of each step.
+        momentum (float): :math:`\mu`, >= 0.
+        trust_coeff (float): :math:`\tau` (timm's ``trust_coeff``, the reference's ``eeta``,
+            NVIDIA's ``lars_eta``), > 0.
+        eps (float): :math:`\epsilon`, > 0 (the reference's ``epsilon``: its flag 0 gives
+            Keras's 1e-7).
+        weight_decay (float): :math:`\lambda` of parameters not in a group that sets its own.
+
+    Raises:
+        ValueError: momentum < 0, trust_coeff <= 0 or eps <= 0.
+    """
+
+    MOMENT_PREFIX = "lars_m"
+
+    def __init__(self, params, learning_rate, momentum=0.9, trust_coeff=0.001, eps=1e-8,
+                 weight_decay=0.0):
+        super().__init__(learning_rate, params, weight_decay)
+        for name, value, low in (("momentum", momentum, None), ("trust_coeff", trust_coeff, 0),
+                                 ("eps", eps, 0)):
+            if not (float(value) >= 0.0 if low is None else float(value) > 0.0):
+                raise ValueError(f"Lars: {name} must be {'>= 0' if low is None else '> 0'}, "
+                                 f"got {value}")
+        self.momentum = ms.Tensor(np.array([momentum], np.float32))
+        self.trust_coeff = ms.Tensor(np.array([trust_coeff], np.float32))
+        self.eps = ms.Tensor(np.array([eps], np.float32))
+        self.adapt_flags = tuple(is_decayed(p.name) for p in self._parameters)
+        self.moments = self._parameters.clone(prefix=self.MOMENT_PREFIX, init="zeros")
+
+    @ms.jit(backend="ms_backend")
+    def construct(self, gradients):
+        weight_decay = self.get_weight_decay()
+        lr = self.get_lr()  # of step global_step, read before the increment
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        gradients = self.flatten_gradients(gradients)
+        momentum, trust_coeff, eps = self.momentum, self.trust_coeff, self.eps
+        if not self.is_group:
+            return self.hyper_map(
+                F.partial(_lars_update, momentum, trust_coeff, eps, lr, weight_decay),
+                self._parameters, self.moments, gradients, self.adapt_flags, self.optim_filter)
+        if not self.is_group_lr:
+            return self.hyper_map(F.partial(_lars_update, momentum, trust_coeff, eps, lr),
+                                  weight_decay, self._parameters, self.moments, gradients,
+                                  self.adapt_flags, self.optim_filter)
+        return self.hyper_map(F.partial(_lars_update, momentum, trust_coeff, eps), lr,
+                              weight_decay, self._parameters, self.moments, gradients,
+                              self.adapt_flags, self.optim_filter)
+
+
+def _build_momentum(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale,
+                    trust_coeff):
+    """``nn.Momentum``: exactly the recipes' optimizer (betas, eps and trust_coeff unused)."""
+    del beta1, beta2, eps, trust_coeff
     return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum,
                        loss_scale=loss_scale)
 
 
-def _build_adamw(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
-    """``AdamW`` of this module (momentum and loss_scale unused)."""
-    del momentum, loss_scale
+def _build_adamw(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff):
+    """``AdamW`` of this module (momentum, loss_scale and trust_coeff unused)."""
+    del momentum, loss_scale, trust_coeff
     return AdamW(groups, learning_rate=learning_rate, beta1=float(beta1), beta2=float(beta2),
                  eps=float(eps))
 
 
-def _build_lamb(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale):
-    """``Lamb`` of this module (momentum and loss_scale unused)."""
-    del momentum, loss_scale
+def _build_lamb(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff):
+    """``Lamb`` of this module (momentum, loss_scale and trust_coeff unused)."""
+    del momentum, loss_scale, trust_coeff
     return Lamb(groups, learning_rate=learning_rate, beta1=float(beta1), beta2=float(beta2),
                 eps=float(eps))
 
 
-#: name -> builder(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale)
-OPTIMIZERS = {"momentum": _build_momentum, "adamw": _build_adamw, "lamb": _build_lamb}
+def _build_lars(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff):
+    """``Lars`` of this module (betas and loss_scale unused)."""
+    del beta1, beta2, loss_scale
+    return Lars(groups, learning_rate=learning_rate, momentum=float(momentum),
+                trust_coeff=float(trust_coeff), eps=float(eps))
+
+
+#: name -> builder(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff)
+OPTIMIZERS = {"momentum": _build_momentum, "adamw": _build_adamw, "lamb": _build_lamb,
+              "lars": _build_lars}
 
 #: the optimizers that take a fixed loss scale and divide it out of the gradients themselves
 TAKES_LOSS_SCALE = ("momentum",)
@@ -397,7 +530,7 @@ TAKES_LOSS_SCALE = ("momentum",)
 
 def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
                      optimizer="momentum", beta1=0.9, beta2=0.999, eps=1e-8, layer_decay=1.0,
-                     head_lr_scale=1.0):
+                     head_lr_scale=1.0, trust_coeff=0.001):
     """One of ``OPTIMIZERS`` over two parameter groups: decayed (convolution and dense
     weights, ``weight_decay``) and not decayed (BatchNorm gamma/beta and every bias), in the
     network's order; frozen parameters (``src.models.freeze``) in neither. With
@@ -410,6 +543,9 @@ def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
       arXiv:1711.05101; bias correction, eps outside the square root).
     - ``lamb``: ``Lamb`` here (You et al. 2020, arXiv:1904.00962, Algorithm 2; trust ratio 1
       when a norm is 0).
+    - ``lars``: ``Lars`` here (the MLPerf reference's LARS; the no-decay group is also left
+      out of the trust ratio). With ``layer_decay`` or ``head_lr_scale`` each parameter's LR
+      multiple scales its step as the scheduled LR does.
 
     The update rules, and why MindSpore's ``nn.AdamWeightDecay`` and ``nn.Lamb`` are not used:
     docs/training.md, "Optimizers". A fixed ``loss_scale`` can only be divided out by
@@ -419,17 +555,18 @@ def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
         net (nn.Cell): The network.
         lr (numpy.ndarray or float): One LR per step (converted to a float32 Tensor) or a
             constant.
-        momentum (float): Momentum coefficient ("momentum" only).
+        momentum (float): Momentum coefficient ("momentum", "lars").
         weight_decay (float): Weight decay of the decayed group (L2 added to the gradient for
-            "momentum", decoupled for "adamw", inside the trust ratio for "lamb").
+            "momentum", decoupled for "adamw", inside the trust ratio for "lamb" and "lars").
         loss_scale (float): Gradients arrive multiplied by this (fixed loss scaling);
             "momentum" divides it out. Must be 1.0 for the others.
-        optimizer (str): A key of ``OPTIMIZERS``: "momentum", "adamw" or "lamb".
+        optimizer (str): A key of ``OPTIMIZERS``: "momentum", "adamw", "lamb" or "lars".
         beta1 (float): First-moment decay ("adamw", "lamb").
         beta2 (float): Second-moment decay ("adamw", "lamb").
-        eps (float): Denominator term ("adamw", "lamb"), placed as described above.
+        eps (float): Denominator term ("adamw", "lamb", "lars"), placed as described above.
         layer_decay (float): timm's layer-wise LR decay in (0, 1] (``layer_lr_scales``).
         head_lr_scale (float): The classifier's LR multiple.
+        trust_coeff (float): LARS's trust coefficient ("lars").
 
     Returns:
         nn.Optimizer: the optimizer.
@@ -449,4 +586,5 @@ def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
     groups = parameter_groups(net, lr, weight_decay, layer_decay, head_lr_scale)
     learning_rate = lr if isinstance(lr, float) else ms.Tensor(np.asarray(lr, np.float32))
     return OPTIMIZERS[optimizer](groups, learning_rate, momentum=momentum, beta1=beta1,
-                                 beta2=beta2, eps=eps, loss_scale=loss_scale)
+                                 beta2=beta2, eps=eps, loss_scale=loss_scale,
+                                 trust_coeff=trust_coeff)

@@ -44,11 +44,11 @@ GRAD_ACCUM_STEP, GRAD_ACCUM_LOSS = GRAD_ACCUM_PREFIX + "_step", GRAD_ACCUM_PREFI
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Names Model.train's training cell adds to the network's: optimizer state and counters.
 # Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
-# ``lamb_m.``/``lamb_v.``; the weight EMA (``src.training.train_step``): ``ema.`` and
-# ``ema_updates``; ``TrainStep``'s count of overflowed steps: ``overflow_count``, and its
-# gradient accumulation buffers.
+# ``lamb_m.``/``lamb_v.``, Lars ``lars_m.``; the weight EMA (``src.training.train_step``):
+# ``ema.`` and ``ema_updates``; ``TrainStep``'s count of overflowed steps: ``overflow_count``,
+# and its gradient accumulation buffers.
 TRAINING_STATE_PREFIXES = ("moments.", "accum.", GRAD_ACCUM_PREFIX, "adam_m.", "adam_v.",
-                           "lamb_m.", "lamb_v.",
+                           "lamb_m.", "lamb_v.", "lars_m.",
                            "beta1_power", "beta2_power", "learning_rate", "global_step",
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",
                            "step_num", "last_overflow_iterator_step", EMA_PREFIX,

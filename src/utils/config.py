@@ -30,7 +30,8 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
             "eval_resize", "grad_accumulation_steps", "log_interval",
             "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size", "base_lr",
             "eval_interval", "top_k", "num_parallel_workers", "loss_scale", "eps",
-            "calibration_images", "scale_window", "max_image_pixels", "head_lr_scale")
+            "calibration_images", "scale_window", "max_image_pixels", "head_lr_scale",
+            "trust_coeff", "lr_poly_power")
 """Keys whose value must be > 0, checked for every entry point (``check_values``)."""
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
