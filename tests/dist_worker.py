@@ -23,8 +23,9 @@ under the ranks' agreement on the resume step, values beyond float32's exact int
 included) and prints ``rank R gathered [...] [...]`` to its msrun log, and reads its shard of
 an epoch of repeated augmentation (``EpochSampler`` over ``RA_IMAGES`` rows, ``RA_REPEATS``
 copies, seed ``RA_SEED``, sharded by its real rank and group size) through a MindSpore
-pipeline and prints ``rank R aug_repeats {JSON}`` (those three numbers and the rows read):
-one launch serves these checks.
+pipeline and prints ``rank R aug_repeats {JSON}`` (those three numbers and the rows read), and
+likewise its shard of an epoch of class-balanced draws (``rank R class_balance {JSON}``): one
+launch serves these checks.
 """
 import argparse
 import json
@@ -53,6 +54,7 @@ ACCUMULATION = 2  # micro-batches per optimizer step (trainstep)
 CLIP_NORM = 1.0  # global-norm threshold (trainstep): the gradients' norm is ~3.3, so it clips
 EMA_DECAY = 0.5  # far from 1, so 3 updates leave the averages away from the weights
 RA_IMAGES, RA_REPEATS, RA_SEED = 11, 3, 5  # the repeated-augmentation epoch read per rank
+BALANCED_LABELS = [0] * 6 + [1] * 3 + [2] * 2  # the class-balanced epoch read per rank
 
 
 def real_batches(data_path, steps, global_batch):
@@ -134,6 +136,24 @@ def main():
         print(f"rank {rank} gathered {all_gather_int(rank * 10 + 3)} "
               f"{all_gather_int(-1 + rank * 500000)}", flush=True)
         print(f"rank {rank} aug_repeats {json.dumps(repeated_rows(rank, size))}", flush=True)
+        print(f"rank {rank} class_balance {json.dumps(balanced_rows(rank, size))}", flush=True)
+
+
+def balanced_rows(rank, size):
+    """The rows this rank's pipeline reads in epoch 1 of class-balanced draws over
+    ``BALANCED_LABELS`` (weights as ``class_balance sampler`` gives them, seed ``RA_SEED``):
+    ``{"labels", "seed", "rows"}``."""
+    import mindspore.dataset as ds
+
+    from src.data.sampling import balanced_sample_weights
+    labels = np.array(BALANCED_LABELS)
+    sampler = EpochSampler(np.arange(len(labels)), seed=RA_SEED,
+                           weights=balanced_sample_weights(labels), num_shards=size,
+                           shard_id=rank)
+    rows = ds.NumpySlicesDataset({"row": np.arange(len(labels))}, sampler=sampler)
+    return {"labels": BALANCED_LABELS, "seed": RA_SEED,
+            "rows": [int(row[0]) for row in rows.create_tuple_iterator(num_epochs=1,
+                                                                        output_numpy=True)]}
 
 
 def repeated_rows(rank, size):

@@ -98,6 +98,26 @@ def test_two_real_ranks_read_the_repeated_augmentation_epoch_between_them(traine
 
 
 @pytest.mark.slow
+def test_two_real_ranks_read_the_class_balanced_draws_between_them(trained_parameters):
+    """Class-balanced sampling on 2 msrun ranks (the launch above): each rank's pipeline reads
+    its stride of the epoch's weighted draws of (seed, epoch), 6 rows each, and the two
+    together are those 12 draws (the data-parallel training test checks only its step count)."""
+    from src.data.sampling import balanced_sample_weights
+    drawn = []
+    for rank in range(2):
+        lines = [line for line in trained_parameters["logs"].splitlines()
+                 if f"rank {rank} class_balance " in line]
+        assert len(lines) == 1, lines
+        drawn.append(json.loads(lines[0].split(" class_balance ", 1)[1]))
+    labels = np.array(drawn[0]["labels"])
+    draws = EpochSampler(np.arange(len(labels)), seed=drawn[0]["seed"],
+                         weights=balanced_sample_weights(labels), num_shards=2,
+                         shard_id=0).epoch_order(0)
+    assert [len(r["rows"]) for r in drawn] == [6, 6] and len(draws) == 12
+    np.testing.assert_array_equal(np.stack([r["rows"] for r in drawn], axis=1).ravel(), draws)
+
+
+@pytest.mark.slow
 def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_parameters):
     """nn.TrainOneStepCell: 3 steps, 2 ranks x 8 images vs 1 process x 16."""
     ranks, ref = trained_parameters["onestep"]["ranks"], trained_parameters["onestep"]["single"]
