@@ -203,3 +203,33 @@ def test_lars_accumulated_micro_batches_equal_one_step_on_the_whole_batch():
                                        err_msg=p.name)
     assert ours["global_step"].item() == 2
     assert not np.allclose(ours["fc.weight"], start["fc.weight"])  # it trained
+
+
+class CountingReducer(nn.Cell):
+    """Stands in for the data-parallel gradient all-reduce (``DistributedGradReducer``):
+    passes the gradients through and counts, in a parameter, the times the graph runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = ms.Parameter(ms.Tensor(0, ms.int32), name="reducer_calls",
+                                  requires_grad=False)
+
+    def construct(self, grads):
+        return ms.ops.depend(grads, ms.ops.assign_add(self.calls, ms.Tensor(1, ms.int32)))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_gradients_are_all_reduced_once_per_optimizer_step(k):
+    """With k micro-batches per optimizer step, the compiled step runs the gradient all-reduce
+    on the call that steps the optimizer only (k times fewer collectives than micro-batches),
+    not on every micro-batch."""
+    ms.set_seed(0)
+    net = Small()
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    step = TrainStep(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(
+        sparse=True, reduction="mean")), opt, accumulation_steps=k)
+    step.grad_reducer = CountingReducer()
+    step.set_train()
+    for image, label in batches(2 * k):
+        step(image, label)
+    assert int(step.grad_reducer.calls.asnumpy()) == 2
