@@ -121,9 +121,6 @@ def main(argv=None):
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
-    for key in ("batch_size", "top_k"):
-        if cfg[key] < 1:
-            raise ConfigError(f"{key} must be a positive integer, got {cfg[key]}")
     check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
