@@ -46,6 +46,7 @@ from src.deploy.report import ClassReport, plot_confusion
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.training.loss import CrossEntropySmooth
+from src.training.model import classification_metrics
 from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -81,8 +82,7 @@ def evaluate(predict, dataset, cfg, progress, report=None):
     Raises:
         ConfigError: If the model's class count is not ``cfg.class_num``.
     """
-    metrics = {"top1": nn.Top1CategoricalAccuracy(),
-               "top5": nn.TopKCategoricalAccuracy(min(5, cfg.class_num)), "loss": nn.Loss()}
+    metrics = {**classification_metrics(cfg.class_num), "loss": nn.Loss()}
     loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
     evaluated = 0
     for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):

@@ -121,7 +121,9 @@ class TopKCounter(Callback):
     ``limit`` rows evaluated; with ``class_num``, also the top-1 confusion matrix.
 
     Reads each step's network outputs ``(loss (N,), logits (N, C), label (N,))``, as the eval
-    cells of ``src.training.model`` give them (the loss per image, not reduced).
+    cells of ``src.training.model`` give them (the loss per image, not reduced). It stands in
+    for the ``Model``'s own metrics (``classification_metrics``, which ``Model.eval`` requires
+    but which count every row): a data-parallel shard's padding rows must not count.
 
     Args:
         limit (int, optional): Rows counted (the shard's own images); None for all.
