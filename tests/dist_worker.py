@@ -20,8 +20,9 @@ values before the first step), name ``single`` or ``rank{r}_of{size}``.
 
 On 2 ranks each rank then also all-gathers two ints with ``all_gather_int`` (the collective
 under the ranks' agreement on the resume step, values beyond float32's exact integers
-included) and prints ``rank R gathered [...] [...]`` to its msrun log: one launch serves both
-checks.
+included) and prints ``rank R gathered [...] [...]`` to its msrun log, and prints the
+stochastic depth draws of its first training step as train.py builds its network
+(``rank R drop path keeps 0110...``): one launch serves these checks.
 """
 import argparse
 import os
@@ -127,6 +128,19 @@ def main():
         from src.utils.device import all_gather_int
         print(f"rank {rank} gathered {all_gather_int(rank * 10 + 3)} "
               f"{all_gather_int(-1 + rank * 500000)}", flush=True)
+        print(f"rank {rank} drop path keeps {drop_path_draws(rank)}", flush=True)
+
+
+def drop_path_draws(rank):
+    """The keep (1) / drop (0) draws of the first training step of train.py's network on
+    ``rank`` with drop_path_rate 0.5 (every block with a rate, 8 images each)."""
+    from src.utils.config import parse_config
+    from train import training_network
+    cfg = parse_config(["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+                        "--drop_path_rate", "0.5"])
+    net = training_network(cfg, rank)
+    scales = net.drop_path_scales(net.drop_path_step.value(), 8).asnumpy()
+    return "".join("1" if kept else "0" for kept in scales.ravel() > 0)
 
 
 if __name__ == "__main__":
