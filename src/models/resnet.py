@@ -253,8 +253,10 @@ def drop_path_rates(drop_path_rate, num_blocks):
 # The hash behind the stochastic depth draws: int32 arithmetic that never overflows (products
 # below 2**31 by Schrage's method), so numpy and every MindSpore backend compute the same bits.
 HASH_MODULUS = 2 ** 31 - 1  # the Mersenne prime of Park and Miller's "minimal standard" generator
-HASH_MULTIPLIERS = (48271, 69621, 16807, 39373)  # multipliers of such generators, each with
-# HASH_MODULUS % a < HASH_MODULUS // a (Schrage's condition)
+# Multiplication by each is a bijection modulo the prime (16807 and 48271: Park and Miller's;
+# 69621: Park, Miller and Stockmeyer's; 39373 a fourth); each meets Schrage's condition
+# HASH_MODULUS % a < HASH_MODULUS // a.
+HASH_MULTIPLIERS = (48271, 69621, 16807, 39373)
 HASH_START = 0x2545F491  # any nonzero 31-bit value: an all-zero key does not hash to 0
 
 
@@ -270,8 +272,8 @@ def hash_mix(h, value):
 
     Xor, then one round per ``HASH_MULTIPLIERS`` entry: an xor of the upper bits into the
     lower (the nonlinear step), then a multiplication modulo the prime ``HASH_MODULUS``.
-    With fewer than 3 rounds neighbouring sample indices drew correlated (r = -0.33 at
-    rate 0.5); 4 leave every correlation ``tests/test_drop_path.py`` measures at noise level.
+    With 2 rounds neighbouring sample indices drew correlated (r = -0.33 at rate 0.5); with
+    4 every correlation ``tests/test_drop_path.py`` measures is at noise level.
     Only ``^``, ``//``, ``%``, ``*`` and ``-``, on values whose products stay below 2**31:
     the same bits in numpy and in a MindSpore graph on any backend.
     """
