@@ -283,7 +283,7 @@ def main(argv=None):
     data = build_data(cfg, rank, device_num)
 
     # ---- network, LR (per optimizer step), model: loss, optimizer, TrainStep, EMA ----
-    net = build_network(cfg, device_num, log)
+    net = build_network(cfg, device_num, log, rank)
     global_batch = cfg.batch_size * cfg.grad_accumulation_steps * device_num
     lr, peak_lr = create_lr(**{k: cfg[k] for k in LR_KEYS}, global_batch_size=global_batch,
                             steps_per_epoch=data.steps_per_epoch)
@@ -415,13 +415,22 @@ def build_data(cfg, rank, device_num):
                            class_names=class_names, train_images=train_images)
 
 
-def build_network(cfg, device_num, log):
-    """The configured ResNet, initialized from ``pre_trained`` if given (a classifier of
-    another class count is dropped and trained from scratch), with the stages that train
-    now (``trainable_layers``, only ``fc`` during LP-FT's linear probe) and ``freeze_bn``."""
-    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
-                         device_target=cfg.device_target,
-                         stem_pool_pad_mode=cfg.stem_pool_pad_mode)
+def training_network(cfg, rank=0):
+    """The configured ResNet as it trains on data-parallel rank ``rank``: with its stochastic
+    depth (``drop_path_rate``, drawn from ``seed`` and the rank)."""
+    return create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
+                          device_target=cfg.device_target,
+                          stem_pool_pad_mode=cfg.stem_pool_pad_mode,
+                          drop_path_rate=cfg.drop_path_rate, drop_path_seed=cfg.seed,
+                          shard_id=rank)
+
+
+def build_network(cfg, device_num, log, rank=0):
+    """The configured ResNet (``training_network``), initialized from ``pre_trained`` if given
+    (a classifier of another class count is dropped and trained from scratch), with the
+    stages that train now (``trainable_layers``, only ``fc`` during LP-FT's linear probe) and
+    ``freeze_bn``."""
+    net = training_network(cfg, rank)
     if cfg.pre_trained:
         dropped, _ = load_into_network(net, cfg.pre_trained, drop_mismatched_classifier=True)
         log.info("initialized from %s%s", cfg.pre_trained,
@@ -748,8 +757,7 @@ def benchmark_training(cfg, device_num, log):
     """``--benchmark_steps N``: N optimizer steps of the configured recipe on one synthetic
     batch of ``batch_size`` that stays on the device (``src.utils.throughput``), fed
     ``grad_accumulation_steps`` times per step; no dataset, no files. Returns 0."""
-    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
-                         device_target=cfg.device_target)
+    net = training_network(cfg)
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     step = build_model(cfg, net, cfg.base_lr, amp_level)[0].train_network
     step.set_train()

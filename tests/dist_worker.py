@@ -20,12 +20,13 @@ values before the first step), name ``single`` or ``rank{r}_of{size}``.
 
 On 2 ranks each rank then also all-gathers two ints with ``all_gather_int`` (the collective
 under the ranks' agreement on the resume step, values beyond float32's exact integers
-included) and prints ``rank R gathered [...] [...]`` to its msrun log, and reads its shard of
+included) and prints ``rank R gathered [...] [...]`` to its msrun log; reads its shard of
 an epoch of repeated augmentation (``EpochSampler`` over ``RA_IMAGES`` rows, ``RA_REPEATS``
 copies, seed ``RA_SEED``, sharded by its real rank and group size) through a MindSpore
 pipeline and prints ``rank R aug_repeats {JSON}`` (those three numbers and the rows read), and
-likewise its shard of an epoch of class-balanced draws (``rank R class_balance {JSON}``): one
-launch serves these checks.
+likewise its shard of an epoch of class-balanced draws (``rank R class_balance {JSON}``); and
+prints the stochastic depth draws of its first training step as train.py builds its network
+(``rank R drop path keeps 0110...``): one launch serves these checks.
 """
 import argparse
 import json
@@ -137,6 +138,7 @@ def main():
               f"{all_gather_int(-1 + rank * 500000)}", flush=True)
         print(f"rank {rank} aug_repeats {json.dumps(repeated_rows(rank, size))}", flush=True)
         print(f"rank {rank} class_balance {json.dumps(balanced_rows(rank, size))}", flush=True)
+        print(f"rank {rank} drop path keeps {drop_path_draws(rank)}", flush=True)
 
 
 def balanced_rows(rank, size):
@@ -167,6 +169,18 @@ def repeated_rows(rank, size):
     return {"images": RA_IMAGES, "repeats": RA_REPEATS, "seed": RA_SEED,
             "rows": [int(row[0]) for row in rows.create_tuple_iterator(num_epochs=1,
                                                                         output_numpy=True)]}
+
+
+def drop_path_draws(rank):
+    """The keep (1) / drop (0) draws of the first training step of train.py's network on
+    ``rank`` with drop_path_rate 0.5 (every block with a rate, 8 images each)."""
+    from src.utils.config import parse_config
+    from train import training_network
+    cfg = parse_config(["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+                        "--drop_path_rate", "0.5"])
+    net = training_network(cfg, rank)
+    scales = net.drop_path_scales(net.drop_path_step.value(), 8).asnumpy()
+    return "".join("1" if kept else "0" for kept in scales.ravel() > 0)
 
 
 if __name__ == "__main__":

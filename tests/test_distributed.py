@@ -2,6 +2,7 @@
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -115,6 +116,18 @@ def test_two_real_ranks_read_the_class_balanced_draws_between_them(trained_param
                          shard_id=0).epoch_order(0)
     assert [len(r["rows"]) for r in drawn] == [6, 6] and len(draws) == 12
     np.testing.assert_array_equal(np.stack([r["rows"] for r in drawn], axis=1).ravel(), draws)
+
+
+@pytest.mark.slow
+def test_ranks_draw_their_own_stochastic_depth(trained_parameters):
+    """train.py's network on rank 0 and on rank 1 of a real launch draws different keep/drop
+    patterns for its different images (the rank is hashed into the draws)."""
+    draws = [re.search(rf"rank {r} drop path keeps ([01]+)", trained_parameters["logs"])
+             for r in range(2)]
+    assert all(draws), trained_parameters["logs"][-2000:]
+    draws = [d.group(1) for d in draws]
+    assert len(draws[0]) == 7 * 8 and set(draws[0]) == set(draws[1]) == {"0", "1"}
+    assert draws[0] != draws[1]
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ def test_imagenet_recipe_trains(recipe, expected, tmp_path):
 def test_recipe_files_name_their_source_and_figure():
     for recipe, figure in (("resnet50_torchvision_v2.yaml", "80.858%"),
                            ("resnet50_rsb_a3.yaml", "78.1%"),
+                           ("resnet50_rsb_a2.yaml", "79.8%"),
                            ("resnet50_nvidia_250ep.yaml", "78.4%"),
                            ("resnet50_lars_large_batch.yaml", "75.9%")):
         path = os.path.join(ROOT, "configs", recipe)

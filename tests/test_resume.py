@@ -87,11 +87,12 @@ def assert_same_final_state(out, reference, final_name=FINAL):
     assert any(n.startswith(("moments.", "adam_m.")) for n in reference)  # optimizer state too
 
 
-# TrivialAugment-wide, random erasing, mixup/cutmix, 2 accumulated micro-batches of 8 (so 5
-# optimizer steps per epoch, 15 in all), clipping, AdamW and a weight EMA: every random draw
-# and every piece of state must come back after a kill.
+# TrivialAugment-wide, random erasing, mixup/cutmix, stochastic depth, 2 accumulated
+# micro-batches of 8 (so 5 optimizer steps per epoch, 15 in all), clipping, AdamW and a weight
+# EMA: every random draw and every piece of state must come back after a kill.
 MODERN = ["--auto_augment", "trivialaugment_wide", "--random_erasing", "0.25",
-          "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--ema_decay", "0.9",
+          "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--drop_path_rate", "0.3",
+          "--ema_decay", "0.9",
           "--ema_warmup", "true", "--grad_accumulation_steps", "2", "--grad_clip_norm", "1.0",
           "--optimizer", "adamw", "--base_lr", "0.002", "--weight_decay", "0.05",
           "--save_checkpoint_steps", "2"]
@@ -107,6 +108,8 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     reference = ms.load_checkpoint(os.path.join(full, MODERN_FINAL))
     for prefix in ("ema.", "ema_updates", "adam_m.", "adam_v."):
         assert any(n.startswith(prefix) for n in reference), prefix
+    # the stochastic depth counter: every micro-batch (2 per step) of 15 steps
+    assert int(reference["drop_path_step"].asnumpy()) == 30
     assert not any(n.startswith("grad_accum") for n in reference)  # zero at saves: not saved
     out = str(tmp_path / "killed")
     code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL, *MODERN)

@@ -4,6 +4,10 @@ torchvision is not installable here, so the reference network is written out, fo
 torchvision ``models/resnet.py``: the stride of a Bottleneck on its 3x3 conv, state_dict keys
 ``conv1.weight``, ``bn1.running_mean``, ``layer1.0.downsample.0.weight``, ``fc.bias``, ...
 Used by the alignment tests and the benchmarks only (torch is a dev dependency).
+
+Each block's ``drop_path`` (None: none) is applied to its residual branch before the shortcut
+is added, where timm's ResNet blocks apply their ``DropPath`` (``timm/models/resnet.py``): the
+stochastic depth tests set it.
 """
 import torch
 from torch import nn
@@ -28,11 +32,15 @@ class BasicBlock(nn.Module):
         self.conv2 = conv3x3(planes, planes)
         self.bn2 = nn.BatchNorm2d(planes)
         self.downsample = downsample
+        self.drop_path = None
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(out)) + identity)
+        return self.relu(self.branch_end(self.bn2(self.conv2(out))) + identity)
+
+    def branch_end(self, out):
+        return out if self.drop_path is None else self.drop_path(out)
 
 
 class Bottleneck(nn.Module):
@@ -48,12 +56,13 @@ class Bottleneck(nn.Module):
         self.bn3 = nn.BatchNorm2d(planes * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
+        self.drop_path = None
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
-        return self.relu(self.bn3(self.conv3(out)) + identity)
+        return self.relu(BasicBlock.branch_end(self, self.bn3(self.conv3(out))) + identity)
 
 
 class ResNet(nn.Module):

@@ -12,6 +12,7 @@ Both work on a freshly built network (parameter names ``conv1.weight``, ``layer1
 ``net.trainable_params()`` only, so frozen parameters get no gradient, no optimizer state and
 no weight decay.
 """
+import mindspore as ms
 import mindspore.nn as nn
 
 #: torchvision's order: the first ``trainable_layers`` of these train (5 = all, with ``bn1``).
@@ -57,6 +58,12 @@ def _batchnorms(net):
 RUNNING_STATISTICS = (".moving_mean", ".moving_variance")
 
 
+def never_trains(param):
+    """Whether ``param`` is state rather than a weight: BatchNorm running statistics, or an
+    integer counter (the stochastic depth ``drop_path_step``)."""
+    return param.name.endswith(RUNNING_STATISTICS) or param.dtype not in ms.dtype.float_type
+
+
 def set_trainable_layers(net, trainable_layers, freeze_bn=False):
     """Make the stages of ``trainable_layers`` train and freeze the others, in place, as
     torchvision freezes a backbone: a frozen stage's parameters get ``requires_grad=False``
@@ -81,7 +88,7 @@ def set_trainable_layers(net, trainable_layers, freeze_bn=False):
     keep = trainable_stages(trainable_layers)
     frozen = 0
     for param in net.get_parameters():
-        if param.name.endswith(RUNNING_STATISTICS):
+        if never_trains(param):
             continue
         param.requires_grad = _top(param.name) in keep
         frozen += not param.requires_grad

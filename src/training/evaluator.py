@@ -252,7 +252,8 @@ class BestCheckpointEvaluator:
         """
         if self.shard.broadcast is None:
             return []
-        params = [p for p in network.get_parameters() if not p.requires_grad]
+        params = [p for p in network.get_parameters()  # not the stochastic depth counter
+                  if not p.requires_grad and p.dtype in ms.dtype.float_type]
         own = [p.asnumpy().copy() for p in params]  # asnumpy() may share the host memory
         changed = []
         for param, mine, rank0 in zip(params, own, self.shard.broadcast(own)):

@@ -11,7 +11,7 @@ from src.data.split import (
     training_labels,
     write_split_files,
 )
-from src.models.freeze import RUNNING_STATISTICS, count_parameters, set_trainable_layers
+from src.models.freeze import count_parameters, never_trains, set_trainable_layers
 from src.training.model import build_train_step, with_train_step
 from src.training.resume import restore_training_state
 from src.utils.config import ConfigError
@@ -39,7 +39,7 @@ def set_trainable(cfg, net, trainable_layers, freeze_bn, device_num, log):
     train, and in data parallel fuse the gradient all-reduce over the tensors that train."""
     set_trainable_layers(net, trainable_layers, freeze_bn)
     params = net.trainable_params()
-    everything = [p for p in net.get_parameters() if not p.name.endswith(RUNNING_STATISTICS)]
+    everything = [p for p in net.get_parameters() if not never_trains(p)]
     log.info("trainable_layers %d%s: %d of %d parameters train (%d of %d tensors)",
              trainable_layers, ", BatchNorm frozen" if freeze_bn else "",
              count_parameters(params), count_parameters(everything), len(params),

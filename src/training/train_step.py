@@ -12,6 +12,7 @@ import mindspore.ops as ops
 from mindspore import Parameter, ParameterTuple, Tensor
 
 from src.utils.checkpoint import (
+    DROP_PATH_STEP,
     EMA_COUNTER,
     EMA_PREFIX,
     GRAD_ACCUM_LOSS,
@@ -24,9 +25,10 @@ EMA_WARMUP_POWER = 2.0 / 3.0
 
 
 class WeightEma(nn.Cell):
-    """Exponential moving average of every parameter of a network (weights and BatchNorm
-    moving statistics), as timm's ``ModelEmaV3`` (update_after_step 0, warmup_gamma 1,
-    warmup_power 2/3) and torchvision's ``ExponentialMovingAverage`` with ``use_buffers``.
+    """Exponential moving average of every floating-point parameter of a network (weights and
+    BatchNorm moving statistics; not the integer stochastic depth counter), as timm's
+    ``ModelEmaV3`` (update_after_step 0, warmup_gamma 1, warmup_power 2/3) and torchvision's
+    ``ExponentialMovingAverage`` with ``use_buffers``.
 
     Update ``n`` (0-based count of earlier updates) uses decay
     ``d_n = 0`` for ``n = 0`` (the average starts as a copy of the weights), then
@@ -49,7 +51,8 @@ class WeightEma(nn.Cell):
         super().__init__(auto_prefix=False)
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1) (0 = off), got {decay}")
-        self.weights = ParameterTuple(network.get_parameters())
+        self.weights = ParameterTuple(p for p in network.get_parameters()
+                                      if p.dtype in ms.dtype.float_type)
         self.averages = self.weights.clone(prefix=EMA_PREFIX.rstrip("."))
         self.updates = Parameter(Tensor(0.0, ms.float32), name=EMA_COUNTER, requires_grad=False)
         self.decay = Tensor(decay, ms.float32)
@@ -133,6 +136,11 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
     see only the last step's outputs. ``StepState`` reads it after each call; without the
     overflow check it stays 0.
 
+    A network with stochastic depth holds the counter ``drop_path_step`` its draws hash
+    (``src.models.resnet.DropPathScales``); every call adds 1 to it after the gradients are
+    computed, so each micro-batch draws anew and a resumed run (which restores it) draws as
+    an uninterrupted one.
+
     Args:
         network_with_loss (nn.Cell): ``(image, label) -> scalar loss``.
         optimizer (nn.Optimizer): Over the network's trainable parameters.
@@ -179,6 +187,8 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
                                              requires_grad=False)
             self.grad_accum_loss = Parameter(Tensor(0.0, ms.float32), name=GRAD_ACCUM_LOSS,
                                              requires_grad=False)
+        counters = [p for p in network_with_loss.get_parameters() if p.name == DROP_PATH_STEP]
+        self.drop_path_step = counters[0] if counters else None
 
     def micro_batch_gradients(self, image, label, scale):
         """(loss, gradients) of one micro-batch; gradients multiplied by ``scale``."""
@@ -253,6 +263,10 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
                 cleared = self.clear_accumulated()
                 stepped = ((ops.depend(stepped[0], cleared), stepped[1]) if self.check_overflow
                            else ops.depend(stepped, cleared))
+        if self.drop_path_step is not None:  # after the call's draws were used
+            bump = ops.assign_add(self.drop_path_step, Tensor(1, ms.int32))
+            stepped = ((ops.depend(stepped[0], bump), stepped[1]) if self.check_overflow
+                       else ops.depend(stepped, bump))
         if self.check_overflow:
             return stepped[0], stepped[1], scale
         return stepped

@@ -37,6 +37,10 @@ DATA_KEY = "train_data"  # the data trained on, JSON {"images": int, "steps_per_
 METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
 OVERFLOW_COUNTER = "overflow_count"  # overflowed steps, counted by TrainStep on the device
+# A network's count of training calls, which its stochastic depth draws hash
+# (``src.models.resnet.ResNet`` with ``drop_path_rate`` > 0; advanced by TrainStep): training
+# state, not a weight
+DROP_PATH_STEP = "drop_path_step"
 # TrainStep's gradient accumulation buffers (``grad_accum.<parameter>``, ``grad_accum_step``,
 # ``grad_accum_loss``): zero at every optimizer step's end, so never saved (``is_saved``)
 GRAD_ACCUM_PREFIX = "grad_accum"
@@ -46,13 +50,13 @@ NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
 # ``lamb_m.``/``lamb_v.``, Lars ``lars_m.``; the weight EMA (``src.training.train_step``):
 # ``ema.`` and ``ema_updates``; ``TrainStep``'s count of overflowed steps: ``overflow_count``,
-# and its gradient accumulation buffers.
+# and its gradient accumulation buffers; the stochastic depth call counter ``drop_path_step``.
 TRAINING_STATE_PREFIXES = ("moments.", "accum.", GRAD_ACCUM_PREFIX, "adam_m.", "adam_v.",
                            "lamb_m.", "lamb_v.", "lars_m.",
                            "beta1_power", "beta2_power", "learning_rate", "global_step",
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",
                            "step_num", "last_overflow_iterator_step", EMA_PREFIX,
-                           EMA_COUNTER, OVERFLOW_COUNTER) + METADATA_KEYS
+                           EMA_COUNTER, OVERFLOW_COUNTER, DROP_PATH_STEP) + METADATA_KEYS
 LOGGER = logging.getLogger(__name__)
 
 # Checkpoint layouts of other code bases whose ResNets hold our tensors (same shapes, same
@@ -388,7 +392,8 @@ def expected_network_attributes(params, layout=None):
 
 
 def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False):
-    """Load a checkpoint into ``net``, strictly.
+    """Load a checkpoint into ``net``, strictly (the stochastic depth counter
+    ``drop_path_step``, training state, is neither loaded nor required: it stays at 0).
 
     A checkpoint of another code base's ResNet (``SOURCE_LAYOUTS``: MindCV's) is renamed to
     our names first (``to_network_names``, logged). When the checkpoint was trained with other
@@ -418,7 +423,9 @@ def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False
                                    f"{layout}'s networks" if layout else "its run config")
     averages = ema_weights(params) if use_ema else {}
     params = averages or params
+    params.pop(DROP_PATH_STEP, None)  # training state: a network loaded with weights starts at 0
     missing, unexpected, mismatched = compare(net, params)
+    missing = [n for n in missing if n != DROP_PATH_STEP]
     dropped = []
     if drop_mismatched_classifier and mismatched and all(
             m.startswith(CLASSIFIER_PREFIX) for m in mismatched):

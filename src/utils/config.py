@@ -42,7 +42,7 @@ UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_p
                  "label_smoothing": "[0, 1)", "ema_decay": "[0, 1)", "beta1": "[0, 1)",
                  "beta2": "[0, 1)", "bce_target_threshold": "[0, 1)",
                  "max_overflow_fraction": "[0, 1]", "layer_decay": "(0, 1]",
-                 "val_split": "[0, 1)"}
+                 "val_split": "[0, 1)", "drop_path_rate": "[0, 1)"}
 """Keys whose value must lie in the given interval of [0, 1]."""
 INT32_MAX = 2 ** 31 - 1
 FLOAT32_MAX = 3.4028234663852886e+38
