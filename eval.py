@@ -162,6 +162,7 @@ def main(argv=None):
                              batch_size=cfg.batch_size, image_size=cfg.eval_image_size,
                              eval_resize=cfg.eval_resize,
                              eval_interpolation=cfg.eval_interpolation,
+                             exif_transpose=cfg.exif_transpose,
                              num_parallel_workers=cfg.num_parallel_workers,
                              check_images=cfg.check_images, indices=indices)
     total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices)

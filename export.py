@@ -100,7 +100,8 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False)
         export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    cfg.eval_image_size, cfg.eval_resize, reduce_range, cfg.eval_interpolation)
+                    cfg.eval_image_size, cfg.eval_resize, reduce_range, cfg.eval_interpolation,
+                    cfg.exif_transpose)
 
 
 def check_exported(path, file_format, dynamic_batch=False):

@@ -6,8 +6,9 @@
     python predict.py --checkpoint_path CKPT --runtime onnxruntime --image_path folder/
     python predict.py --checkpoint_path hf-hub:timm/resnet50.tv2_in1k --image_path photo.jpg
 
-Images are preprocessed as in eval (resize eval_resize with eval_interpolation, center crop
-eval_image_size, ImageNet normalization). Class names: --class_names_path, else the
+Images are preprocessed as in eval (turned upright by their EXIF orientation with
+exif_transpose true, resize eval_resize with eval_interpolation, center crop eval_image_size,
+ImageNet normalization). Class names: --class_names_path, else the
 label_names of Hub weights' config.json, else class_names.txt next to the checkpoint (written
 by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000. Hub weights
 (an hf-hub: id, a safetensors folder or file: src/utils/hub.py) bring their network, class
@@ -73,7 +74,7 @@ def check_class_count(cfg, outputs):
 
 
 def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
-                       interpolation="bilinear"):
+                       interpolation="bilinear", exif_transpose=False):
     """Classify images a batch at a time: only ``batch_size`` images are read and held at
     once, whatever the number of paths.
 
@@ -84,6 +85,7 @@ def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
         image_size (int): Center crop, pixels.
         eval_resize (int): Shorter side before the crop, pixels.
         interpolation (str): The resize filter, ``bilinear`` or ``bicubic``.
+        exif_transpose (bool): Turn each image upright by its EXIF Orientation tag first.
 
     Yields:
         tuple(list[str], numpy.ndarray): The paths of a batch and their class probabilities,
@@ -91,7 +93,7 @@ def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
     """
     for batch in chunks(paths, batch_size):
         yield batch, softmax(predict(preprocess_images(batch, image_size, eval_resize,
-                                                       interpolation)))
+                                                       interpolation, exif_transpose)))
 
 
 def top_classes(probs, names, top_k):
@@ -134,7 +136,8 @@ def main(argv=None):
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,
-                                               cfg.eval_resize, cfg.eval_interpolation):
+                                               cfg.eval_resize, cfg.eval_interpolation,
+                                               cfg.exif_transpose):
             if names is None:
                 check_class_count(cfg, probs.shape[1])
                 names = class_names_for(cfg, probs.shape[1])

@@ -374,7 +374,7 @@ def build_data(cfg, rank, device_num):
     """
     data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size,
                      image_size=cfg.eval_image_size, eval_resize=cfg.eval_resize,
-                     eval_interpolation=cfg.eval_interpolation,
+                     eval_interpolation=cfg.eval_interpolation, exif_transpose=cfg.exif_transpose,
                      num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
     train_args = train_data_args(cfg, data_args)
     eval_args = data_args

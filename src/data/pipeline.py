@@ -51,7 +51,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
                    check_images=True, auto_augment="none", randaugment_num_ops=2,
                    randaugment_magnitude=9, random_erasing=0.0, batch_transform=None,
                    indices=None, balance_classes=False, eval_interpolation="bilinear",
-                   aug_repeats=0):
+                   aug_repeats=0, exif_transpose=False):
     """Build a batched classification dataset.
 
     The augmentation arguments (``auto_augment`` to ``batch_transform``) apply to training
@@ -103,6 +103,10 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
             ``num_aug_repeats``): each image drawn is read this many times in a row, over
             the shards, each copy augmented on its own, every shard's epoch as long as
             without repeats (``EpochSampler``'s ``repeats``); 0 or 1 = off. Any dataset.
+        exif_transpose (bool): ``imagefolder``, train and eval: turn each image upright by its
+            EXIF Orientation tag before the crop (``create_transforms``); the training decode
+            is then Pillow's instead of the fused crop-decode. The CIFAR-10 binary records
+            carry no EXIF: no effect there.
 
     With ``indices``, ``balance_classes`` or ``aug_repeats`` the rows come from
     ``src.data.sampling.EpochSampler``, seeded with the dataset seed
@@ -159,7 +163,7 @@ def create_dataset(data_path, is_training, dataset="imagefolder", batch_size=32,
         **sampling)
     image_ops = create_transforms(is_training, image_size, eval_resize, decoded, crop_scale,
                                   auto_augment, randaugment_num_ops, randaugment_magnitude,
-                                  random_erasing, eval_interpolation)
+                                  random_erasing, eval_interpolation, exif_transpose)
     data = source.map(operations=image_ops, input_columns="image",
                       num_parallel_workers=num_parallel_workers)
     data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label",

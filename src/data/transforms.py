@@ -8,7 +8,7 @@ import io
 
 import mindspore.dataset.vision as vision
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from src.data.augment import RandomErasing, auto_augment_ops, check_augment_args
 from src.data.image_check import MAX_PIXELS_WORDS, too_many_pixels
@@ -26,7 +26,7 @@ SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 """Pillow modes of 16-bit greyscale images (PNG opens as ``I;16`` or ``I``)."""
 
 
-def decode_rgb(data):
+def decode_rgb(data, exif_transpose=False):
     """Encoded image bytes -> a Pillow RGB image: Pillow's decode, as
     ``vision.Decode(to_pil=True)`` (torchvision's pixels for the eval resize), except that a
     16-bit greyscale image keeps the high byte of each pixel, as the training decoder
@@ -35,6 +35,10 @@ def decode_rgb(data):
 
     Args:
         data (numpy.ndarray or bytes): The encoded file (uint8).
+        exif_transpose (bool): Turn the image upright by its EXIF Orientation tag (Pillow's
+            ``ImageOps.exif_transpose``: the image as a photo viewer shows it; height and
+            width swap for orientations 5-8). False: the stored pixels, the tag ignored (as
+            MindSpore's decoders, torchvision's ``ImageFolder`` and timm read them).
 
     Returns:
         PIL.Image.Image: RGB, 8 bits per channel.
@@ -48,6 +52,8 @@ def decode_rgb(data):
         size = too_many_pixels(image)
         if size:
             raise ValueError(f"{size} pixels: {MAX_PIXELS_WORDS} {Image.MAX_IMAGE_PIXELS}")
+        if exif_transpose:  # before the 16-bit conversion, which drops the EXIF
+            ImageOps.exif_transpose(image, in_place=True)
         if image.mode in SIXTEEN_BIT_MODES:
             image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8))
         return image.convert("RGB")
@@ -61,18 +67,24 @@ class DecodeRGB(vision.Decode):
     """``vision.Decode(to_pil=True)`` decoding with ``decode_rgb``: a MindSpore op of the
     Python (PIL) implementation, so the ops after it in a pipeline stay on PIL images (the
     eval resize is PIL's antialiased one; a plain Python function would hand them a numpy
-    array and OpenCV would resize instead)."""
+    array and OpenCV would resize instead).
 
-    def __init__(self):
+    Args:
+        exif_transpose (bool): As ``decode_rgb``'s.
+    """
+
+    def __init__(self, exif_transpose=False):
         super().__init__(to_pil=True)
+        self.exif_transpose = exif_transpose
 
     def _execute_py(self, img):
-        return decode_rgb(img)
+        return decode_rgb(img, self.exif_transpose)
 
 
 def create_transforms(is_training, image_size=224, eval_resize=256, decoded=False,
                       crop_scale=(0.08, 1.0), auto_augment="none", randaugment_num_ops=2,
-                      randaugment_magnitude=9, random_erasing=0.0, interpolation="bilinear"):
+                      randaugment_magnitude=9, random_erasing=0.0, interpolation="bilinear",
+                      exif_transpose=False):
     """Per-image transforms of the ResNet recipe (torchvision / NVIDIA ImageNet).
 
     Train: random resized crop (area ``crop_scale``, default 0.08-1, aspect ratio 3/4-4/3,
@@ -87,6 +99,12 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
     resize has no antialiasing and differs by 3.7 of 255 on average). Greyscale, CMYK,
     palette, 16-bit and alpha images decode to 8-bit RGB, the same pixels as in training
     (``decode_rgb``). The augmentation arguments are checked but ignored for eval.
+    With ``exif_transpose`` both turn the image upright by its EXIF Orientation first: eval in
+    its PIL decode, training by decoding with PIL too (``DecodeRGB``: MindSpore's C++ decoders
+    do not read EXIF) and then ``RandomResizedCrop`` on the decoded image, the same crop
+    draws and bilinear resize as the fused op, which stays the path without it (the pixels
+    differ along the crop's edges, where the fused op's decode of the crop alone upsamples
+    the chroma without its neighbours).
 
     Args:
         is_training (bool): Training (random) or eval (deterministic) transforms.
@@ -108,6 +126,9 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
         interpolation (str): Eval only: the resize filter, ``bilinear`` (torchvision's
             weights) or ``bicubic`` (timm's): PIL's, as ``torchvision.transforms.Resize`` on
             PIL images applies it.
+        exif_transpose (bool): Train and eval of encoded images: turn each image upright by
+            its EXIF Orientation tag (``decode_rgb``); ignored for ``decoded`` input, which
+            carries no EXIF.
 
     Returns:
         list: MindSpore transforms (and ``RandomErasing``, a Python callable), input encoded
@@ -126,12 +147,17 @@ def create_transforms(is_training, image_size=224, eval_resize=256, decoded=Fals
     normalize = [vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD), vision.HWC2CHW()]
     if is_training:
         crop_args = dict(scale=tuple(crop_scale), ratio=(3.0 / 4.0, 4.0 / 3.0))
-        crop = (vision.RandomResizedCrop(image_size, **crop_args) if decoded
-                else vision.RandomCropDecodeResize(image_size, **crop_args))
+        if decoded:
+            crop = [vision.RandomResizedCrop(image_size, **crop_args)]
+        elif exif_transpose:
+            crop = [DecodeRGB(exif_transpose=True), vision.ToNumpy(),
+                    vision.RandomResizedCrop(image_size, **crop_args)]
+        else:
+            crop = [vision.RandomCropDecodeResize(image_size, **crop_args)]
         policy = auto_augment_ops(auto_augment, image_size, randaugment_num_ops,
                                   randaugment_magnitude)
         erasing = [RandomErasing(random_erasing)] if random_erasing > 0 else []
-        return [crop, vision.RandomHorizontalFlip(prob=0.5)] + policy + normalize + erasing
-    to_pil = vision.ToPIL() if decoded else DecodeRGB()
+        return crop + [vision.RandomHorizontalFlip(prob=0.5)] + policy + normalize + erasing
+    to_pil = vision.ToPIL() if decoded else DecodeRGB(exif_transpose)
     return [to_pil, vision.Resize(eval_resize, EVAL_INTERPOLATIONS[interpolation]),
             vision.CenterCrop(image_size), vision.ToNumpy()] + normalize

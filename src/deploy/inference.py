@@ -134,7 +134,8 @@ def list_images(image_path):
     return sorted(found)
 
 
-def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bilinear"):
+def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bilinear",
+                      exif_transpose=False):
     """Read and preprocess images exactly as the eval pipeline does.
 
     Args:
@@ -142,6 +143,8 @@ def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bil
         image_size (int): Center crop, pixels.
         eval_resize (int): Shorter side before the crop, pixels.
         interpolation (str): The resize filter, ``bilinear`` or ``bicubic`` (PIL's).
+        exif_transpose (bool): Turn each image upright by its EXIF Orientation tag first
+            (``src.data.transforms.decode_rgb``), as the pipelines with ``exif_transpose``.
 
     Returns:
         numpy.ndarray: float32 (len(paths), 3, image_size, image_size), normalized.
@@ -150,7 +153,8 @@ def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bil
         ImageFolderError: If a file cannot be read (permission) or decoded as an image (names
             the file).
     """
-    ops = create_transforms(False, image_size, eval_resize, interpolation=interpolation)
+    ops = create_transforms(False, image_size, eval_resize, interpolation=interpolation,
+                            exif_transpose=exif_transpose)
     batch = []
     for path in paths:
         try:

@@ -159,15 +159,18 @@ class ImageCalibrationReader:
         eval_resize (int): Shorter side before the crop, pixels.
         progress (Progress, optional): Told the number of images of each batch read.
         interpolation (str): The eval resize filter (``eval_interpolation``).
+        exif_transpose (bool): Turn each image upright by its EXIF Orientation tag first
+            (``exif_transpose``), as the training and eval pipelines.
     """
 
     def __init__(self, paths, input_name, batch_size, image_size, eval_resize, progress=None,
-                 interpolation="bilinear"):
+                 interpolation="bilinear", exif_transpose=False):
         self.input_name = input_name
         self.batch_size = batch_size
         self.image_size = image_size
         self.eval_resize = eval_resize
         self.interpolation = interpolation
+        self.exif_transpose = exif_transpose
         self.progress = progress
         self.batches = chunks(paths, batch_size)
 
@@ -177,7 +180,8 @@ class ImageCalibrationReader:
         paths = next(self.batches, None)
         if paths is None:
             return None
-        images = preprocess_images(paths, self.image_size, self.eval_resize, self.interpolation)
+        images = preprocess_images(paths, self.image_size, self.eval_resize, self.interpolation,
+                                   self.exif_transpose)
         if self.progress is not None:
             self.progress.update(len(paths))
         return {self.input_name: pad_batch(images, self.batch_size)}
@@ -294,7 +298,7 @@ def onnx_input_name(path):
 
 
 def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize,
-                reduce_range=False, interpolation="bilinear"):
+                reduce_range=False, interpolation="bilinear", exif_transpose=False):
     """Quantize an exported float32 ONNX model to ``out_path``, calibrated on ``paths``, with
     progress (``src.utils.progress``); the file appears whole or not at all (written in a temporary
     folder beside it, then renamed).
@@ -309,12 +313,15 @@ def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize,
         eval_resize (int): Shorter side before the crop, pixels.
         reduce_range (bool): 7-bit weights (``reduce_range_for``).
         interpolation (str): The eval resize filter (``eval_interpolation``).
+        exif_transpose (bool): The calibration images turned upright by their EXIF
+            Orientation tag (``exif_transpose``).
     """
     folder = os.path.dirname(os.path.abspath(out_path))
     with tempfile.TemporaryDirectory(prefix=".quantize.", dir=folder) as workdir, \
             Progress(len(paths), "calibration") as progress:
         reader = ImageCalibrationReader(paths, onnx_input_name(fp32_path), batch_size,
-                                        image_size, eval_resize, progress, interpolation)
+                                        image_size, eval_resize, progress, interpolation,
+                                        exif_transpose)
         partial = os.path.join(workdir, "int8.onnx")
         quantize_int8(fp32_path, partial, reader, workdir, reduce_range)
         os.replace(partial, out_path)
