@@ -419,3 +419,21 @@ def test_recipe_header_commands_parse(name, tmp_path):
         finally:
             os.chdir(cwd)
         assert os.path.basename(cfg.config_path) == name, command
+
+
+def test_an_output_pipe_closed_by_its_reader_ends_quietly():
+    """``predict.py ... | head -1``: the reader closes the pipe while the entry point still
+    prints: exit 141 (128 + SIGPIPE), no BrokenPipeError traceback."""
+    script = ("import sys\nfrom src.utils.cli import run_entry_point\n"
+              "def main(argv):\n"
+              "    for i in range(200000):\n"
+              "        print('{\"image\": %d}' % i)\n"
+              "    return 0\n"
+              "run_entry_point(main)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith('{"image": 0}')
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -1,5 +1,5 @@
 """Running an entry point: errors in the user's input become one clear line and exit status 2;
-a stop signal one line and exit status 128 + its number."""
+a stop signal one line and exit status 128 + its number; a closed output pipe a quiet exit."""
 import os
 import signal
 import sys
@@ -36,7 +36,10 @@ def run_entry_point(main, argv=None):
     ``exit_status``: 2 like argparse, 4 for an output file that could not be written. SIGINT
     and SIGTERM raise ``StopSignal`` in ``main`` (its cleanup runs), then print
     ``<script>: stopped by <SIGNAL>`` and exit with 128 + the signal number (during the
-    imports before this call, ``src.startup`` does the same). Every other exception, from
+    imports before this call, ``src.startup`` does the same). Standard output closed by its
+    reader (``predict.py ... | head``) ends the run quietly with 141 (128 + SIGPIPE, a shell's
+    status for a command ended by a closed pipe), as the Python docs advise: stdout is pointed
+    at /dev/null so the interpreter's final flush raises nothing. Every other exception, from
     MindSpore, numpy or a bug here, propagates with its traceback.
     """
     prog = os.path.basename(sys.argv[0])
@@ -50,4 +53,7 @@ def run_entry_point(main, argv=None):
     except StopSignal as stop:
         print(f"{prog}: stopped by {stop}", file=sys.stderr)
         sys.exit(128 + stop.signum)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     sys.exit(status)
