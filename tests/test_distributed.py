@@ -501,13 +501,13 @@ def test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with
     print(f"\n[dist] checkpoint not written on rank 0: rank 0 exit {status0} {lines0}\n rank 1 "
           f"exit {status1} {lines1}")
     assert (status0, status1) == (4, 4), stdout[-1500:] + stderr[-1500:]
-    agreed = ("stopping every rank after global step 12: rank 0 stopped (a file not written "
-              "(checkpoint, metrics.jsonl or train.log))")
+    agreed = ("stopping every rank after global step 12: rank 0 stopped (a file not written: "
+              "a checkpoint, metrics.jsonl or train.log)")
     assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
     assert any(line.startswith(f"stopped: cannot write checkpoint {last}: ") and line.endswith(
         f"; last good checkpoint: {good}") for line in lines0), lines0
-    assert ("stopped: rank 0 stopped training (a file not written (checkpoint, metrics.jsonl or "
-            "train.log)), every rank after global step 12; last good checkpoint: named by "
+    assert ("stopped: rank 0 stopped training (a file not written: a checkpoint, metrics.jsonl "
+            "or train.log), every rank after global step 12; last good checkpoint: named by "
             "rank 0") in lines1
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     assert [r["epoch"] for r in records] == [1, 2]  # both evaluations ran on both ranks

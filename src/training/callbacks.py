@@ -28,7 +28,7 @@ NONFINITE_LOSS, OVERFLOW_STOP, NONFINITE_PARAMETERS, NOT_WRITTEN = 1, 2, 3, 4
 STOP_REASONS = {NONFINITE_LOSS: "non-finite loss",
                 OVERFLOW_STOP: "too many overflowed steps",
                 NONFINITE_PARAMETERS: "non-finite parameters",
-                NOT_WRITTEN: "a file not written (checkpoint, metrics.jsonl or train.log)"}
+                NOT_WRITTEN: "a file not written: a checkpoint, metrics.jsonl or train.log"}
 """Why training must stop (``StepState.fail``), by code: small positive ints, so the ranks of
 data parallel can exchange them (``StopSignals``)."""
 
