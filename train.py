@@ -18,7 +18,8 @@ Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, or more than
 max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint, record,
 log or config file could not be written (disk full, permission), 128 + signal number when
 stopped by SIGINT/SIGTERM (in data parallel on every rank, also those stopped with the
-signalled one).
+signalled one). In data parallel every rank stops after the same step and exits with the same
+status, whichever rank stopped.
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -47,6 +48,8 @@ from src.data.split import (
 from src.deploy.report import plot_confusion
 from src.models.resnet import create_network
 from src.training.callbacks import (
+    NOT_WRITTEN,
+    STOP_REASONS,
     OptimizerStepCallbacks,
     StepState,
     StopAtStep,
@@ -447,8 +450,9 @@ def build_network(cfg, device_num, log, rank=0):
 
 def stopped(cbs, stop):
     """Whether training must not go on: a signal, a non-finite loss or too many overflowed
-    steps, or a checkpoint or record not written."""
-    return stop.received or cbs.state.must_stop or cbs.saver.error or cbs.monitor.error
+    steps, or a checkpoint or record not written (in data parallel: as the ranks agreed, so
+    every rank returns the same)."""
+    return bool(stop.received or cbs.state.must_stop)
 
 
 def train_run(cfg, model, data, cbs, start_step, sink_size, stop, switch=0, fine_tune=None,
@@ -628,8 +632,10 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
     profiler = ProfileSteps(state, *profile, os.path.join(cfg.output_dir, "profiler"), log,
                             total_steps=len(lr)) if profile else None
     on_steps = [stop, monitor, saver] + ([profiler] if profiler else [])
+    agreement = stop.watch(state)  # after the saver: failures agreed at each epoch end
     return SimpleNamespace(state=state, monitor=monitor, saver=saver, profiler=profiler,
-                           all=[state, OptimizerStepCallbacks(state, on_steps, [stop.install])])
+                           all=[state, OptimizerStepCallbacks(state, on_steps, [stop.install]),
+                                agreement])
 
 
 def lr_group_tags(cfg, net):
@@ -784,24 +790,22 @@ def benchmark_training(cfg, device_num, log):
 def finish(cbs, stop, total_steps, output_dir, log):
     """Exit status and the closing message: done, a checkpoint, record or log line not
     written, a non-finite loss, too many overflowed steps or stopped by a signal (a signal
-    after the last step still ends "done")."""
+    after the last step still ends "done"). In data parallel every rank exits with the status
+    of the failure the ranks agreed on (``StepState.stopped_by``); a rank other than the one
+    that stopped says which rank stopped and why."""
     state, saver = cbs.state, cbs.saver
-    if cbs.monitor.error and not saver.error:
-        log.error("stopped: %s; last good checkpoint: %s", cbs.monitor.error,
-                  saver.last_saved or "none")
-        return EXIT_SAVE_FAILED
-    if saver.error:
-        log.error("stopped: %s; last good checkpoint: %s", saver.error,
-                  saver.last_saved or "none")
-        return EXIT_NONFINITE if saver.diverged else EXIT_SAVE_FAILED
-    if state.overflow_stop:
-        log.error("stopped: %s; last good checkpoint: %s", state.overflow_stop,
-                  saver.last_saved or "none")
-        return EXIT_NONFINITE
-    if state.nonfinite_step:
-        log.error("stopped: non-finite loss at global step %d; last good checkpoint: %s",
-                  state.nonfinite_step, saver.last_saved or "none")
-        return EXIT_NONFINITE
+    last = saver.last_saved or ("none" if saver.write else "named by rank 0")
+    own = own_failure(cbs)
+    if own:
+        log.error("stopped: %s; last good checkpoint: %s", own[0], last)
+    if state.stopped_by:
+        rank, reason, step = state.stopped_by
+        if not own or reason != state.failure:
+            log.error("stopped: rank %d stopped training (%s), every rank after global step "
+                      "%d; last good checkpoint: %s", rank, STOP_REASONS[reason], step, last)
+        return EXIT_SAVE_FAILED if reason == NOT_WRITTEN else EXIT_NONFINITE
+    if own:
+        return own[1]
     if stop.received and state.global_step < total_steps:
         log.warning("stopped by %s at global step %d, saved %s; resume with the same command "
                     "plus --resume_ckpt auto", stop.received, state.global_step,
@@ -812,6 +816,20 @@ def finish(cbs, stop, total_steps, output_dir, log):
     log.info("done; outputs in %s; curves: python tools/plot_metrics.py %s -o %s", output_dir,
              os.path.join(output_dir, "metrics.jsonl"), os.path.join(output_dir, "curves.png"))
     return 0
+
+
+def own_failure(cbs):
+    """This process's reason to stop, as (message, exit status), or None."""
+    state, saver, monitor = cbs.state, cbs.saver, cbs.monitor
+    if monitor.error and not saver.error:
+        return monitor.error, EXIT_SAVE_FAILED
+    if saver.error:
+        return saver.error, EXIT_NONFINITE if saver.diverged else EXIT_SAVE_FAILED
+    if state.overflow_stop:
+        return state.overflow_stop, EXIT_NONFINITE
+    if state.nonfinite_step:
+        return f"non-finite loss at global step {state.nonfinite_step}", EXIT_NONFINITE
+    return None
 
 
 if __name__ == "__main__":

@@ -6,10 +6,18 @@ real CIFAR-10 images, with two training cells one after the other, their paramet
 - ``trainstep``: this package's ``TrainStep`` with gradient accumulation over
   ``ACCUMULATION`` micro-batches (one call each, as ``Model`` feeds them: the all-reduce
   runs in the call that steps the optimizer), global-norm clipping and a weight EMA;
-  per-rank ``ACCUMULATION`` x B images per optimizer step.
+  per-rank ``ACCUMULATION`` x B images per optimizer step;
+- ``microbatch`` (ranks only): ``trainstep`` with ``allreduce_per`` "micro_batch" (the
+  all-reduce in every call, outside the branch that steps the optimizer);
+- ``overflow`` (ranks only): ``TrainStep`` with a dynamic loss scale (``OVERFLOW_SCALE``,
+  factor 2) and the overflow check on its ``IsFinite`` path (``tests/test_overflow.py``'s
+  ``force_ascend_910b_check``), one micro-batch per step; on rank 1 alone one soft target of
+  step ``OVERFLOW_STEP`` (0-based) is inf, so only its gradients overflow. Each rank prints
+  ``rank R overflow {JSON}``: per step the overflow flag and the loss scale after it, the
+  ``overflow_count`` parameter, and whether that step left the weights untouched.
 
     msrun --worker_num 2 ... tests/dist_worker.py --out DIR     # rank r trains on its half
-    python tests/dist_worker.py --out DIR --single              # one process, whole batch
+    python tests/dist_worker.py --out DIR --single --variants onestep,trainstep  # one process
 
 Global batch = 2 x per-rank batch; rank r takes rows [r*b, (r+1)*b) of every global batch
 (b its per-rank batch), so the averaged gradient of the two ranks is the single process's
@@ -54,6 +62,7 @@ from tests.helpers import interleaved_class_images  # noqa: E402
 ACCUMULATION = 2  # micro-batches per optimizer step (trainstep)
 CLIP_NORM = 1.0  # global-norm threshold (trainstep): the gradients' norm is ~3.3, so it clips
 EMA_DECAY = 0.5  # far from 1, so 3 updates leave the averages away from the weights
+OVERFLOW_SCALE, OVERFLOW_STEP = 1024.0, 1  # overflow: the loss scale, rank 1's inf step
 RA_IMAGES, RA_REPEATS, RA_SEED = 11, 3, 5  # the repeated-augmentation epoch read per rank
 BALANCED_LABELS = [0] * 6 + [1] * 3 + [2] * 2  # the class-balanced epoch read per rank
 
@@ -85,7 +94,8 @@ def train(variant, args, rank):
     else:
         ema = WeightEma(net, EMA_DECAY)
         step = TrainStep(with_loss, optimizer, grad_clip_norm=CLIP_NORM,
-                         accumulation_steps=ACCUMULATION, ema=ema)
+                         accumulation_steps=ACCUMULATION, ema=ema,
+                         allreduce_per="micro_batch" if variant == "microbatch" else "step")
         per_rank = ACCUMULATION * args.batch
     # a copy: asnumpy() may share the parameter's host memory, which training overwrites
     init = {f"init.{p.name}": p.asnumpy().copy() for p in net.trainable_params()}
@@ -109,6 +119,37 @@ def train(variant, args, rank):
     return saved
 
 
+def train_through_an_overflow(args, rank):
+    """The ``overflow`` variant: ``args.steps`` steps; returns (the parameters to save, the
+    record printed)."""
+    from tests.test_overflow import force_ascend_910b_check
+    net = frozen_bn_resnet18()
+    with_loss = ms.nn.WithLossCell(net, ms.nn.SoftmaxCrossEntropyWithLogits(
+        sparse=False, reduction="mean"))
+    step = TrainStep(with_loss, create_optimizer(net, 0.05, 0.875, 1 / 32768),
+                     ms.nn.DynamicLossScaleUpdateCell(OVERFLOW_SCALE, 2.0, 1000),
+                     check_overflow=True)
+    force_ascend_910b_check(step)
+    step.set_train(True)
+    images, labels = real_batches(args.data_path, args.steps, 2 * args.batch)
+    targets = np.eye(10, dtype=np.float32)[labels]
+    record = {"overflow": [], "scale": [], "unchanged": []}
+    for s in range(args.steps):
+        rows = slice(s * 2 * args.batch + rank * args.batch,
+                     s * 2 * args.batch + (rank + 1) * args.batch)
+        x, y = images[rows], targets[rows].copy()
+        if rank == 1 and s == OVERFLOW_STEP:
+            y[0, 0] = np.inf  # the backward pass only: the forward's statistics stay finite
+        before = [p.asnumpy().copy() for p in net.trainable_params()]
+        _, overflow, scale = step(ms.Tensor(x), ms.Tensor(y))
+        record["overflow"].append(bool(overflow.asnumpy()))
+        record["scale"].append(float(step.scale_sense.asnumpy()))
+        record["unchanged"].append(all(np.array_equal(b, p.asnumpy()) for b, p in zip(
+            before, net.trainable_params())))
+    record["overflow_count"] = int(step.overflow_count.asnumpy())
+    return {p.name: p.asnumpy() for p in net.trainable_params()}, record
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -116,7 +157,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8, help="per-rank (micro-)batch")
     parser.add_argument("--single", action="store_true")
-    parser.add_argument("--variants", default="onestep,trainstep")
+    parser.add_argument("--variants", default="onestep,trainstep,microbatch,overflow")
     args = parser.parse_args()
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -130,8 +171,12 @@ def main():
                                      gradients_mean=True, all_reduce_fusion_config=[33, 61])
     name = "single" if args.single else f"rank{rank}_of{size}"
     for variant in args.variants.split(","):
-        np.savez(os.path.join(args.out, f"{variant}_{name}.npz"),
-                 **train(variant, args, rank))
+        if variant == "overflow":
+            saved, record = train_through_an_overflow(args, rank)
+            print(f"rank {rank} overflow {json.dumps(record)}", flush=True)
+        else:
+            saved = train(variant, args, rank)
+        np.savez(os.path.join(args.out, f"{variant}_{name}.npz"), **saved)
     if not args.single:
         from src.utils.device import all_gather_int
         print(f"rank {rank} gathered {all_gather_int(rank * 10 + 3)} "

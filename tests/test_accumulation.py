@@ -218,18 +218,37 @@ class CountingReducer(nn.Cell):
         return ms.ops.depend(grads, ms.ops.assign_add(self.calls, ms.Tensor(1, ms.int32)))
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_the_gradients_are_all_reduced_once_per_optimizer_step(k):
+@pytest.mark.parametrize("k, allreduce_per, per_step", [(1, "step", 1), (3, "step", 1),
+                                                         (1, "micro_batch", 1),
+                                                         (3, "micro_batch", 3)])
+def test_the_gradients_are_all_reduced_once_per_optimizer_step(k, allreduce_per, per_step):
     """With k micro-batches per optimizer step, the compiled step runs the gradient all-reduce
     on the call that steps the optimizer only (k times fewer collectives than micro-batches),
-    not on every micro-batch."""
+    not on every micro-batch; with ``allreduce_per`` "micro_batch" on every call (k per
+    optimizer step, outside the branch)."""
     ms.set_seed(0)
     net = Small()
     opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
     step = TrainStep(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(
-        sparse=True, reduction="mean")), opt, accumulation_steps=k)
+        sparse=True, reduction="mean")), opt, accumulation_steps=k,
+        allreduce_per=allreduce_per)
     step.grad_reducer = CountingReducer()
     step.set_train()
     for image, label in batches(2 * k):
         step(image, label)
-    assert int(step.grad_reducer.calls.asnumpy()) == 2
+    assert int(step.grad_reducer.calls.asnumpy()) == 2 * per_step
+
+
+def test_an_unknown_allreduce_form_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="grad_accumulation_allreduce must be one of step, "
+                                         "micro_batch, got 'epoch'"):
+        TrainStep(nn.WithLossCell(Small(), nn.SoftmaxCrossEntropyWithLogits()),
+                  nn.Momentum(Small().trainable_params(), 0.1, 0.9), allreduce_per="epoch")
+
+
+def test_auto_reduces_per_step_on_cpu_and_per_micro_batch_on_gpu_and_ascend():
+    from src.training.model import resolve_allreduce_per
+    assert [resolve_allreduce_per("auto", d) for d in ("CPU", "GPU", "Ascend")] == [
+        "step", "micro_batch", "micro_batch"]
+    assert resolve_allreduce_per("step", "Ascend") == "step"
+    assert resolve_allreduce_per("micro_batch", "CPU") == "micro_batch"

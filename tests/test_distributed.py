@@ -45,7 +45,9 @@ def trained_parameters(tmp_path_factory):
     """``tests/dist_worker.py`` on 2 ranks (one msrun launch) and in one process: the
     parameters after 3 steps of ``nn.TrainOneStepCell`` and of ``TrainStep`` (accumulation,
     clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}; "logs": the
-    two ranks' msrun logs (the same launch also all-gathers ints across the ranks)."""
+    two ranks' msrun logs (the same launch also all-gathers ints across the ranks). On the
+    ranks also ``microbatch`` (``TrainStep`` all-reducing every micro-batch) and ``overflow``
+    (a dynamic loss scale, an inf gradient on rank 1 alone at step 2)."""
     out = tmp_path_factory.mktemp("dist_params")
     data = os.path.join(CIFAR_SAMPLE, "test")  # real images, every class in every batch
     worker = os.path.join(ROOT, "tests", "dist_worker.py")
@@ -60,13 +62,26 @@ def trained_parameters(tmp_path_factory):
                    for r in range(2))
     assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:] + logs[-3000:]
     single = subprocess.run([sys.executable, worker, "--out", str(out), "--single",
-                             "--data_path", data], capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT, check=False)
+                             "--variants", "onestep,trainstep", "--data_path", data],
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
     assert single.returncode == 0, single.stderr[-2000:]
     return {"logs": logs, **{
         variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
-                  "single": np.load(out / f"{variant}_single.npz")}
-        for variant in ("onestep", "trainstep")}}
+                  "single": np.load(out / f"{variant}_single.npz")
+                  if variant in ("onestep", "trainstep") else None}
+        for variant in ("onestep", "trainstep", "microbatch", "overflow")}}
+
+
+def rank_records(trained_parameters, key):
+    """The JSON record each rank of the launch above printed as ``rank R KEY {...}``, by
+    rank (exactly one line each)."""
+    records = []
+    for rank in range(2):
+        lines = [line for line in trained_parameters["logs"].splitlines()
+                 if f"rank {rank} {key} " in line]
+        assert len(lines) == 1, lines
+        records.append(json.loads(lines[0].split(f" {key} ", 1)[1]))
+    return records
 
 
 @pytest.mark.slow
@@ -83,12 +98,7 @@ def test_two_real_ranks_read_the_repeated_augmentation_epoch_between_them(traine
     """Repeated augmentation on 2 msrun ranks (the launch above): each rank's pipeline reads
     its shard, and the two, interleaved, are the epoch's sample list (its 11 images' order,
     each image 3 times in a row, cut to 6 per rank), the copies of an image on both ranks."""
-    read = []
-    for rank in range(2):
-        lines = [line for line in trained_parameters["logs"].splitlines()
-                 if f"rank {rank} aug_repeats " in line]
-        assert len(lines) == 1, lines
-        read.append(json.loads(lines[0].split(" aug_repeats ", 1)[1]))
+    read = rank_records(trained_parameters, "aug_repeats")
     settings = {k: read[0][k] for k in ("images", "repeats", "seed")}
     assert settings == {k: read[1][k] for k in settings} == {"images": 11, "repeats": 3,
                                                              "seed": 5}
@@ -104,12 +114,7 @@ def test_two_real_ranks_read_the_class_balanced_draws_between_them(trained_param
     its stride of the epoch's weighted draws of (seed, epoch), 6 rows each, and the two
     together are those 12 draws (the data-parallel training test checks only its step count)."""
     from src.data.sampling import balanced_sample_weights
-    drawn = []
-    for rank in range(2):
-        lines = [line for line in trained_parameters["logs"].splitlines()
-                 if f"rank {rank} class_balance " in line]
-        assert len(lines) == 1, lines
-        drawn.append(json.loads(lines[0].split(" class_balance ", 1)[1]))
+    drawn = rank_records(trained_parameters, "class_balance")
     labels = np.array(drawn[0]["labels"])
     draws = EpochSampler(np.arange(len(labels)), seed=drawn[0]["seed"],
                          weights=balanced_sample_weights(labels), num_shards=2,
@@ -174,6 +179,51 @@ def test_train_step_in_data_parallel_equals_one_process_on_the_global_batch(
           f"{worst_param:.2e} of the parameters, {worst_update:.2e} of the updates")
     assert worst_param < 1e-6  # float32 eps is 1.2e-7
     assert worst_update < 1e-3
+
+
+@pytest.mark.slow
+def test_all_reducing_every_micro_batch_equals_all_reducing_once_per_step(trained_parameters):
+    """``grad_accumulation_allreduce micro_batch`` (each of the 2 micro-batches' gradients
+    all-reduced, then summed) against ``step`` (the sum all-reduced once, inside the branch
+    that steps the optimizer), same data, clipping and EMA, 3 steps on 2 ranks: the
+    all-reduce is linear, so the same parameters and averages to float32 rounding, and
+    bit-identical on the two ranks."""
+    per_step = trained_parameters["trainstep"]["ranks"][0]
+    ranks = trained_parameters["microbatch"]["ranks"]
+    names = [n for n in per_step.files if not n.startswith("init.")]
+    assert len(names) == 2 * 62
+    worst_update = 0.0
+    for name in names:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+        init = per_step["init." + name.removeprefix("ema.")]
+        moved, moved_ref = ranks[0][name] - init, per_step[name] - init
+        assert np.abs(moved_ref).max() > 0, name
+        worst_update = max(worst_update, float(np.abs(moved - moved_ref).max()
+                                               / np.abs(moved_ref).max()))
+    print(f"\n[dist] all-reduce per micro-batch vs per step: worst rel diff of the updates "
+          f"{worst_update:.2e}")
+    assert worst_update < 1e-3
+
+
+@pytest.mark.slow
+def test_an_overflow_on_rank_1_alone_is_skipped_on_both_ranks_and_halves_the_scale(
+        trained_parameters):
+    """``TrainStep`` with a dynamic loss scale (1024) and the overflow check compiled in data
+    parallel (its ``IsFinite`` path, which has CPU kernels), an inf in one soft target of rank
+    1's batch at step 2: both ranks flag step 2 alone, leave the weights untouched at that
+    step, halve the scale (1024 -> 512) and count one overflowed step; their weights stay
+    bit-identical."""
+    records = rank_records(trained_parameters, "overflow")
+    print(f"\n[dist] inf on rank 1 at step 2: {records}")
+    assert records[0] == records[1] == {"overflow": [False, True, False],
+                                        "scale": [1024.0, 512.0, 512.0],
+                                        "unchanged": [False, True, False],
+                                        "overflow_count": 1}
+    ranks = trained_parameters["overflow"]["ranks"]
+    assert len(ranks[0].files) == 62
+    for name in ranks[0].files:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+        assert np.isfinite(ranks[0][name]).all(), name
 
 
 def worker_log_lines(out, rank, text):
@@ -374,6 +424,109 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
 
 
+def faulty_launch(out, *train_args, fault=()):
+    """train.py on 2 msrun workers (as ``scripts/run_distribute_train_cpu.sh`` starts it) through
+    ``tests/rank_fault.py`` (``fault``: its options), which prints each rank's exit status;
+    quick_start.yaml on the CIFAR-10 sample, logs in ``out/logs``. Returns the Popen."""
+    msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
+    return subprocess.Popen(
+        [msrun, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), "--log_dir", str(out / "logs"), "--join", "True",
+         "--cluster_time_out", "60", os.path.join(ROOT, "tests", "rank_fault.py"), *fault,
+         os.path.join(ROOT, "train.py"), "--device_target", "CPU", "--run_distribute", "true",
+         "--device_num", "2", "--data_path", os.path.join(CIFAR_SAMPLE, "train"),
+         "--config_path", "configs/quick_start.yaml", "--output_dir", str(out),
+         "--batch_size", "32", "--warmup_epochs", "0", "--log_interval", "1", *train_args],
+        cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+def stop_lines(out):
+    """Each rank's exit status (as ``tests/rank_fault.py`` printed it) and its lines of the
+    stop: ``[(status, [lines]), ...]`` by rank."""
+    ranks = []
+    for rank in range(2):
+        status = worker_log_lines(out, rank, f"rank {rank} exit status ")
+        lines = [re.sub(r"^[\d:]+ rank\d \w+ ", "", line)
+                 for line in worker_log_lines(out, rank, "stopp")]
+        ranks.append((int(status[-1].rsplit(" ", 1)[1]) if status else None, lines))
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step(tmp_path):
+    """Rank 1's third batch has NaN soft targets (mixup; ``tests/rank_fault.py``; rank 0's
+    data is clean, so its own loss at that step is finite): the ranks agree on the stop in
+    the step's exchange, both stop after global step 3 and exit 3 (not one exiting while the
+    other waits in the next all-reduce until msrun kills it); rank 0 names its checkpoint of
+    step 2 as the last good one, rank 1 its own non-finite loss."""
+    out = tmp_path / "nan"
+    proc = faulty_launch(out, "--epoch_size", "1", "--run_eval", "false", "--mixup_alpha",
+                         "0.2", "--save_checkpoint_steps", "2", fault=("--nan_rank", "1",
+                                                                "--nan_batch", "3"))
+    stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    (status0, lines0), (status1, lines1) = stop_lines(out)
+    print(f"\n[dist] NaN on rank 1: rank 0 exit {status0} {lines0}\n rank 1 exit {status1} "
+          f"{lines1}")
+    last_good = out / checkpoint_name("resnet18", 2, 15)
+    assert (status0, status1) == (3, 3), stdout[-1500:] + stderr[-1500:]
+    assert last_good.exists() and not (out / checkpoint_name("resnet18", 3, 15)).exists()
+    agreed = "stopping every rank after global step 3: rank 1 stopped (non-finite loss)"
+    assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
+    assert (f"stopped: rank 1 stopped training (non-finite loss), every rank after global "
+            f"step 3; last good checkpoint: {last_good}") in lines0
+    assert ("stopped: non-finite loss at global step 3; last good checkpoint: named by "
+            "rank 0") in lines1
+    for rank in range(2):
+        assert not worker_log_lines(out, rank, "(global 4)"), rank  # no step after it
+        assert not worker_log_lines(out, rank, "Traceback"), rank
+    assert proc.returncode != 0
+
+
+@pytest.mark.slow
+def test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with_status_4(
+        tmp_path):
+    """Rank 0's last checkpoint (step 12, after the evaluation of epoch 2, which has
+    collectives of its own) cannot be written: a folder stands where the file goes, made
+    while the run trains (once the checkpoint of step 3 exists: 9 steps and an evaluation
+    ahead). The ranks agree on it at the exchange that ends the epoch: both exit 4 (rank 1
+    would otherwise end 0, the run complete for it); rank 0 names the checkpoint of step 9
+    as the last good one, rank 1 says rank 0 stopped and why."""
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 40)
+    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "e"), 10)
+    out = tmp_path / "unwritable"  # 400 images: 6 steps of 2 x 32 per epoch
+    proc = faulty_launch(out, "--data_path", train_dir, "--eval_data_path", eval_dir,
+                         "--epoch_size", "2", "--run_eval", "true", "--eval_interval", "1",
+                         "--save_checkpoint_steps", "3", "--save_checkpoint_epochs", "1")
+    first, good, last = (out / checkpoint_name("resnet18", step, 6) for step in (3, 9, 12))
+    try:
+        deadline = time.time() + LAUNCH_TIMEOUT
+        while not first.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        last.mkdir()
+        (last / "keep").write_text("")
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (status0, lines0), (status1, lines1) = stop_lines(out)
+    print(f"\n[dist] checkpoint not written on rank 0: rank 0 exit {status0} {lines0}\n rank 1 "
+          f"exit {status1} {lines1}")
+    assert (status0, status1) == (4, 4), stdout[-1500:] + stderr[-1500:]
+    agreed = ("stopping every rank after global step 12: rank 0 stopped (a file not written: "
+              "a checkpoint, metrics.jsonl or train.log)")
+    assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
+    assert any(line.startswith(f"stopped: cannot write checkpoint {last}: ") and line.endswith(
+        f"; last good checkpoint: {good}") for line in lines0), lines0
+    assert ("stopped: rank 0 stopped training (a file not written: a checkpoint, metrics.jsonl "
+            "or train.log), every rank after global step 12; last good checkpoint: named by "
+            "rank 0") in lines1
+    records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
+    assert [r["epoch"] for r in records] == [1, 2]  # both evaluations ran on both ranks
+    for rank in range(2):
+        assert not worker_log_lines(out, rank, "Traceback"), rank
+
+
 @pytest.mark.slow
 def test_two_hosts_on_loopback(tmp_path):
     """Multi-host msrun, as documented: two launches, one worker each, node ranks 0 and 1."""
@@ -486,6 +639,102 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step():
     assert rank1.received == "SIGTERM" and context.get_stop_requested()
 
 
+def on_two_ranks(calls):
+    """Run ``calls[r]()`` on one thread per rank (their exchanges meet: ``ThreadGather``)."""
+    import threading
+    threads = [threading.Thread(target=call) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads), "a rank waits in a collective"
+
+
+def test_a_failure_on_one_rank_is_agreed_and_stops_every_rank_after_the_same_step():
+    """The failures ride the signals' exchange (one int per rank): a non-finite loss noted
+    on rank 1 before the step's exchange stops both ranks at that exchange; a write failure
+    on rank 0 after it stops no rank alone (the others would wait for it in the next
+    collective) but at the exchange that ends the epoch (``FailureAgreement``)."""
+    from mindspore.train import RunContext
+
+    from src.training.callbacks import NONFINITE_LOSS, NOT_WRITTEN, StepState
+    from src.training.signals import StopSignals
+    from tests.test_train_safety import ThreadGather
+
+    log = logging.getLogger("test")
+    group, sent = ThreadGather(2), []
+
+    def rank(r):
+        def gather(mine):
+            sent.append((r, mine))
+            return group.gather(r, mine)
+        state, stop = StepState(start_step=5), StopSignals(log, gather=gather)
+        stop.install = lambda: None  # signal handlers: the main thread's only
+        return state, stop, stop.watch(state), RunContext(Params())
+
+    ranks = [rank(0), rank(1)]
+    state1, _, _, context1 = ranks[1]
+    state1.nonfinite_step = 5
+    state1.fail(NONFINITE_LOSS, context1)  # before the exchange, as StepState does
+    assert not context1.get_stop_requested() and not state1.must_stop  # not alone
+    on_two_ranks([lambda s=s, c=c: s.on_train_step_end(c) for _, s, _, c in ranks])
+    assert sorted(sent) == [(0, 0), (1, StopSignals.REASON_UNIT * NONFINITE_LOSS)]
+    for state, _, _, context in ranks:
+        assert state.stopped_by == (1, NONFINITE_LOSS, 5) and state.must_stop
+        assert context.get_stop_requested()
+
+    sent.clear()
+    ranks = [rank(0), rank(1)]
+    state0, _, _, context0 = ranks[0]
+    state0.fail(NOT_WRITTEN, context0)  # rank 0's saver, after the step's exchange
+    assert not context0.get_stop_requested() and not state0.must_stop
+    on_two_ranks([lambda a=a, c=c: a.on_train_epoch_end(c) for _, _, a, c in ranks])
+    assert sorted(sent) == [(0, StopSignals.REASON_UNIT * NOT_WRITTEN), (1, 0)]
+    for state, _, _, context in ranks:
+        assert state.stopped_by == (0, NOT_WRITTEN, 5) and context.get_stop_requested()
+        assert state.must_stop  # so every rank skips the evaluation and the saves
+    on_two_ranks([lambda a=a, c=c: a.on_train_epoch_end(c) for _, _, a, c in ranks])
+    assert len(sent) == 2  # agreed: nothing more exchanged
+
+
+def test_every_rank_exits_with_the_agreed_status_and_the_others_name_the_rank(caplog):
+    """finish(): rank 1, which wrote nothing and had no failure of its own, exits 4 with a
+    line naming rank 0 and its reason; rank 0 names its failure and the last good
+    checkpoint and exits 4 too; a non-finite loss on rank 1 makes rank 0 exit 3."""
+    from types import SimpleNamespace
+
+    import train
+    from src.training.callbacks import NONFINITE_LOSS, NOT_WRITTEN, StepState
+
+    def finish(rank, stopped_by, failure=None):
+        state = StepState(start_step=8)
+        state.agreed, state.stopped_by = True, stopped_by
+        saver = SimpleNamespace(error=None, diverged=False, write=rank == 0,
+                                last_saved="out/resnet18-1_6.ckpt" if rank == 0 else None)
+        monitor = SimpleNamespace(error=None)
+        if failure:
+            state.failure, saver.error = NOT_WRITTEN, failure
+        stop = SimpleNamespace(received=None)
+        caplog.clear()
+        status = train.finish(SimpleNamespace(state=state, saver=saver, monitor=monitor),
+                              stop, 100, "out", logging.getLogger("test"))
+        return status, caplog.text
+
+    with caplog.at_level(logging.INFO):
+        status, text = finish(1, (0, NOT_WRITTEN, 8))
+        assert status == train.EXIT_SAVE_FAILED
+        assert "rank 0 stopped training (a file not written" in text
+        assert "after global step 8; last good checkpoint: named by rank 0" in text
+        status, text = finish(0, (0, NOT_WRITTEN, 8), "cannot write checkpoint x.ckpt")
+        assert status == train.EXIT_SAVE_FAILED and "rank 0 stopped" not in text
+        assert "stopped: cannot write checkpoint x.ckpt; last good checkpoint: " \
+               "out/resnet18-1_6.ckpt" in text
+        status, text = finish(0, (1, NONFINITE_LOSS, 3))
+        assert status == train.EXIT_NONFINITE
+        assert "rank 1 stopped training (non-finite loss), every rank after global step 3; " \
+               "last good checkpoint: out/resnet18-1_6.ckpt" in text
+
+
 def test_every_rank_waits_for_rank0s_save_of_a_stop_and_learns_its_outcome(tmp_path):
     from mindspore import nn
     from mindspore.train import RunContext
@@ -574,7 +823,8 @@ def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_ran
         return [rank0_mean, arrays[1]]
 
     shard = EvalShard(data, images=7, sum_over_ranks=lambda counts: [2 * c for c in counts],
-                      broadcast=broadcast)  # a second rank that counted the same
+                      broadcast=broadcast, sum_arrays=lambda floats: 2 * floats)
+    # (a second rank that counted the same)
     own_mean = net[1].moving_mean.asnumpy().copy()
     best = tmp_path / "net-best.ckpt"
     result = BestCheckpointEvaluator(model, shard, str(best), net, write=False)()
@@ -591,3 +841,10 @@ def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_ran
     sent.clear()
     BestCheckpointEvaluator(model, shard, str(best), net, write=True)()
     assert best.exists()
+    # a best checkpoint that cannot be written: recorded (the monitor stops training, in data
+    # parallel after the ranks agree), not raised out of Model.train on rank 0 alone
+    blocked = tmp_path / "blocked-best.ckpt"
+    (blocked / "keep").mkdir(parents=True)
+    evaluator = BestCheckpointEvaluator(model, shard, str(blocked), net, write=True)
+    assert evaluator()["eval_images"] == 14
+    assert evaluator.error.startswith(f"cannot write the best checkpoint {blocked}: ")

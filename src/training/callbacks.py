@@ -24,6 +24,14 @@ from src.utils.logger import log_file_error
 
 LOGGER = logging.getLogger(__name__)
 
+NONFINITE_LOSS, OVERFLOW_STOP, NONFINITE_PARAMETERS, NOT_WRITTEN = 1, 2, 3, 4
+STOP_REASONS = {NONFINITE_LOSS: "non-finite loss",
+                OVERFLOW_STOP: "too many overflowed steps",
+                NONFINITE_PARAMETERS: "non-finite parameters",
+                NOT_WRITTEN: "a file not written: a checkpoint, metrics.jsonl or train.log"}
+"""Why training must stop (``StepState.fail``), by code: small positive ints, so the ranks of
+data parallel can exchange them (``StopSignals``)."""
+
 
 def loss_value(net_outputs):
     """The loss as a Python float from ``cb_params.net_outputs`` (a Tensor or a tuple whose
@@ -99,6 +107,14 @@ class StepState(Callback):
     at the end of the first call in which more than the fraction of its steps overflowed.
     No stop before the window holds ``OVERFLOW_WINDOW`` steps seen by this process.
 
+    Every reason to stop goes through ``fail`` (a ``STOP_REASONS`` code): the non-finite loss
+    and the overflow stop here, a file not written or non-finite parameters from
+    ``TrainMonitor`` and ``CheckpointSaver``. In one process the stop is requested at once. In
+    data parallel (``agreed``, set by ``StopSignals``) nothing is requested alone: a rank that
+    stopped while the others go on would leave them waiting in the next collective, so the
+    ranks agree on the stop (``StopSignals`` exchanges ``failure``; ``stopped_by`` is the
+    outcome, the same on every rank) and all stop after the same step.
+
     Args:
         start_step (int): Optimizer steps already done (resumed runs).
         max_overflow_fraction (float): In [0, 1]; 1 never stops.
@@ -123,13 +139,26 @@ class StepState(Callback):
         self.max_overflow_fraction = max_overflow_fraction
         self.nonfinite_step = None
         self.overflow_stop = None
+        self.failure = None  # this process's first reason to stop (a STOP_REASONS code)
+        self.agreed = False  # data parallel: stops wait for the ranks' agreement
+        self.stopped_by = None  # (rank, reason, global step) the ranks agreed on
         self._counter = None  # TrainStep's overflow_count, found at train begin
         self._counted = 0  # its value at the last read
 
     @property
     def must_stop(self):
-        """Whether training cannot go on (non-finite loss, too many overflowed steps)."""
-        return bool(self.nonfinite_step or self.overflow_stop)
+        """Whether training cannot go on (a ``STOP_REASONS`` failure): this process's in one
+        process, the agreed one (``stopped_by``) in data parallel, so every rank takes the
+        same path through the collectives that follow (evaluation, the save of a stop)."""
+        return (self.stopped_by if self.agreed else self.failure) is not None
+
+    def fail(self, reason, run_context):
+        """Note this process's reason to stop (a ``STOP_REASONS`` code; the first is kept).
+        One process: training stops after this step. Data parallel: at the ranks' next
+        agreement (``StopSignals``, at the end of every optimizer step and epoch)."""
+        self.failure = self.failure or reason
+        if not self.agreed:
+            run_context.request_stop()
 
     def set_call_size(self, model_steps):
         """One call of the callbacks from now on covers ``model_steps`` ``Model`` steps: 1
@@ -160,7 +189,7 @@ class StepState(Callback):
         self._check_overflow_fraction(run_context)
         if self.status == "nonfinite" and self.nonfinite_step is None:
             self.nonfinite_step = self.global_step
-            run_context.request_stop()
+            self.fail(NONFINITE_LOSS, run_context)
 
     def _read_counter(self):
         return 0 if self._counter is None else int(self._counter.asnumpy().reshape(-1)[0])
@@ -192,7 +221,7 @@ class StepState(Callback):
                                   f"{self.max_overflow_fraction}) at global step "
                                   f"{self.global_step}, loss scale {self.loss_scale}: the "
                                   f"model is not training (check the LR, the data, amp_level)")
-            run_context.request_stop()
+            self.fail(OVERFLOW_STOP, run_context)
 
 
 class OptimizerStepCallbacks(Callback):
@@ -285,8 +314,9 @@ class TrainMonitor(Callback):
         after_eval (callable, optional): ``after_eval(step, epoch)``, called after each
             evaluation's record is logged (the confusion-matrix picture at a new best).
 
-    A record or a log line that cannot be written (disk full) stops training: ``error`` says
-    which file and why (train.py then exits 4 naming the last good checkpoint). Each record is
+    A record, a log line or the evaluator's best checkpoint that cannot be written (disk full)
+    stops training (``StepState.fail``): ``error`` says which file and why (train.py then
+    exits 4 naming the last good checkpoint). Each record is
     written atomically (the file is rewritten through a temporary file), so a failed write
     leaves the earlier records whole.
     """
@@ -379,6 +409,7 @@ class TrainMonitor(Callback):
         evaluated = bool(self.evaluator) and (epoch % self.eval_interval == 0 or last)
         if evaluated:
             record.update(self.evaluator(epoch))
+            self.error = self.error or getattr(self.evaluator, "error", None)
         self.logger.info("epoch %d done: %s", epoch, json.dumps(record))
         if self.tracker is not None:
             self.tracker.scalars(step, {tag: record[key] for key, tag in EPOCH_TAGS.items()
@@ -392,7 +423,7 @@ class TrainMonitor(Callback):
             self.error = str(err)
         self.error = self.error or log_file_error(self.logger)
         if self.error:
-            run_context.request_stop()
+            self.state.fail(NOT_WRITTEN, run_context)
 
 def _hms(seconds):
     seconds = int(seconds)

@@ -172,7 +172,8 @@ class BestCheckpointEvaluator:
     data parallel (``shard`` with collectives) every rank must call the evaluator at the same
     points: each evaluates its shard with rank 0's BatchNorm statistics (its own are put back
     afterwards, so evaluating does not change training), the counts are summed over the
-    ranks, and only the process with ``write`` saves.
+    ranks, and only the process with ``write`` saves; a best checkpoint that cannot be written
+    is recorded in ``error`` (training then stops, ``TrainMonitor``).
 
     Args:
         model (mindspore.train.Model): Evaluates the live network; its eval network gives
@@ -201,6 +202,7 @@ class BestCheckpointEvaluator:
         self.best_top1 = -1.0
         self.best_epoch = None
         self.write = write
+        self.error = None  # why the best checkpoint could not be written
 
     def best_score(self):
         """The best so far, for the training checkpoints: ``{"top1", "epoch"}``, or None
@@ -293,7 +295,17 @@ class BestCheckpointEvaluator:
         if result[self.best_key] > self.best_top1:  # the same numbers, so the same on each rank
             self.best_top1, self.best_epoch = result[self.best_key], epoch
             chosen = self.ema_model.predict_network if on_ema else self.net
-            if self.write:  # with its score: a resume compares it with the checkpoint's
-                atomic_save_checkpoint(chosen, self.best_path,
-                                       {BEST_KEY: json.dumps(self.best_score())})
+            if self.write and not self.error:  # with its score: a resume compares it
+                self.save_best(chosen)
         return dict(result, best_top1=self.best_top1, eval_images=images)
+
+    def save_best(self, chosen):
+        """Write ``chosen`` with its score as the best checkpoint, atomically; a failure is
+        recorded in ``error`` (``TrainMonitor`` then stops training), not raised: in data
+        parallel the other ranks must learn of it in the ranks' agreement."""
+        try:
+            atomic_save_checkpoint(chosen, self.best_path,
+                                   {BEST_KEY: json.dumps(self.best_score())})
+        except (OSError, RuntimeError) as err:
+            self.error = (f"cannot write the best checkpoint {self.best_path}: "
+                          f"{str(err).splitlines()[0]}")

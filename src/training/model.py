@@ -75,7 +75,22 @@ def build_train_step(cfg, net, lr, amp_level, ema=None):
                           soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),
                           class_weights=loss_class_weights(cfg))
     return TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense, check_overflow,
-                     cfg.grad_clip_norm, cfg.grad_accumulation_steps, ema)
+                     cfg.grad_clip_norm, cfg.grad_accumulation_steps, ema,
+                     resolve_allreduce_per(cfg.grad_accumulation_allreduce, cfg.device_target))
+
+
+def resolve_allreduce_per(value, device_target):
+    """``grad_accumulation_allreduce``: "step" or "micro_batch" as given; "auto" is "step"
+    on CPU (where the all-reduce inside the branch that steps the optimizer is compiled and
+    run by the tests) and "micro_batch" on GPU and Ascend (no collective inside a
+    data-dependent branch, as MindSpore's own ``boost`` accumulation; ``docs/distributed.md``).
+
+    Returns:
+        str: ``TrainStep``'s ``allreduce_per``.
+    """
+    if value != "auto":
+        return value
+    return "step" if device_target == "CPU" else "micro_batch"
 
 
 def eval_network(cfg, net, amp_level):

@@ -47,6 +47,7 @@ MAY_DIFFER = frozenset((
     # how the work is spread and run: workers, devices, execution mode, sink settings
     "num_parallel_workers", "device_id", "run_distribute", "all_reduce_fusion_config", "mode",
     "dataset_sink_mode", "sink_size", "check_images", "max_image_pixels",
+    "grad_accumulation_allreduce",
     # logging, profiling, plots, the overflow stop
     "log_interval", "profile_steps", "plot", "tensorboard", "benchmark_steps",
     "max_overflow_fraction",

@@ -7,7 +7,7 @@ import os
 import numpy as np
 from mindspore.train import Callback
 
-from src.training.callbacks import passed_multiple
+from src.training.callbacks import NONFINITE_PARAMETERS, NOT_WRITTEN, passed_multiple
 from src.utils.checkpoint import (
     BEST_KEY,
     CONFIG_KEY,
@@ -30,9 +30,11 @@ class CheckpointSaver(Callback):
     resumed run counts the files of the run it continues, passed as ``own_files``); other
     files in the folder are never touched. Nothing is saved after a non-finite loss, nor
     parameters that are not all finite. A checkpoint that cannot be written (non-finite
-    parameters, disk full, permission) stops training: ``error`` says why, ``diverged`` tells
-    non-finite parameters from a write failure, and ``last_saved`` names the last good
-    checkpoint.
+    parameters, disk full, permission) stops training (``StepState.fail``): ``error`` says why,
+    ``diverged`` tells non-finite parameters from a write failure, and ``last_saved`` names the
+    last good checkpoint. Nothing is saved after a stop the ranks agreed on
+    (``StepState.stopped_by``, data parallel): after another rank's non-finite loss the
+    parameters hold it too (the gradients are all-reduced).
 
     Data parallel: on a stop signal (agreed by ``StopSignals``, so at the same step on every
     rank) the ranks wait for the writing rank's save, one all-reduce, and learn whether it
@@ -85,15 +87,21 @@ class CheckpointSaver(Callback):
         self.diverged = False  # the failure was non-finite parameters (not a write error)
         self.last_saved = self.own_files[-1] if self.own_files else None
 
+    def _saves_nothing(self):
+        """After a non-finite loss or an agreed stop (the same on every rank)."""
+        return self.state.nonfinite_step or self.state.stopped_by
+
     def on_train_step_end(self, run_context):
-        if self.error or self.state.nonfinite_step:
+        if self._saves_nothing():
             return
         step, done = self.state.global_step, self.state.steps_per_call
-        if self.stop.received:
+        if self.stop.received:  # agreed: every rank is here, the collective below included
             self.save(run_context)
             if self.stop.collective:
                 self._wait_for_the_writer()
             run_context.request_stop()
+        elif self.error:
+            return
         elif self.save_steps and passed_multiple(step, done, self.save_steps):
             # in sink mode: the first sink end at or past a multiple
             if step % self.steps_per_epoch:
@@ -102,7 +110,7 @@ class CheckpointSaver(Callback):
                 self.step_save_due = True  # after the epoch's record: on_train_epoch_end
 
     def on_train_epoch_end(self, run_context):
-        if self.error or self.state.nonfinite_step:
+        if self.error or self._saves_nothing():
             return
         step = self.state.global_step
         epoch, into_epoch = divmod(step, self.steps_per_epoch)
@@ -117,13 +125,13 @@ class CheckpointSaver(Callback):
         step = self.state.global_step
         path = os.path.join(self.output_dir, checkpoint_name(self.prefix, step,
                                                              self.steps_per_epoch))
-        if path == self.last_saved or not self.write:
+        if path == self.last_saved or not self.write or self.error:
             return
         train_network = run_context.original_args().train_network
         if not all(np.isfinite(p.asnumpy()).all() for p in train_network.get_parameters()):
             self.diverged = True
-            self._fail(run_context, f"non-finite parameters at global step {step}, not saved "
-                                    f"as {path}")
+            self._fail(run_context, NONFINITE_PARAMETERS,
+                       f"non-finite parameters at global step {step}, not saved as {path}")
             return
         try:
             best = self.best() if self.best else None
@@ -132,8 +140,8 @@ class CheckpointSaver(Callback):
                                     BEST_KEY: json.dumps(best) if best else "",
                                     DATA_KEY: self.train_data})
         except (OSError, RuntimeError) as err:
-            self._fail(run_context, f"cannot write checkpoint {path}: "
-                                    f"{str(err).splitlines()[0]}")
+            self._fail(run_context, NOT_WRITTEN,
+                       f"cannot write checkpoint {path}: {str(err).splitlines()[0]}")
             return
         self.last_saved = path
         self.own_files = prune([p for p in self.own_files if p != path] + [path],
@@ -153,7 +161,7 @@ class CheckpointSaver(Callback):
             self.error = (f"the writing rank did not save the checkpoint of global step "
                           f"{self.state.global_step} ({path}): see its log")
 
-    def _fail(self, run_context, message):
+    def _fail(self, run_context, reason, message):
         self.error = message
         LOGGER.error("%s; stopping", message)
-        run_context.request_stop()
+        self.state.fail(reason, run_context)

@@ -1,10 +1,13 @@
 """Stop signals during training: SIGINT/SIGTERM finish the current step, save and stop; in data
-parallel every rank stops after the same step. A second signal exits at once."""
+parallel every rank stops after the same step, also on a failure of one rank (non-finite loss,
+a file not written). A second signal exits at once."""
 import logging
 import os
 import signal
 
 from mindspore.train import Callback
+
+from src.training.callbacks import STOP_REASONS
 
 LOGGER = logging.getLogger(__name__)
 
@@ -36,6 +39,19 @@ class StopSignals(Callback):
     the graph compilation stops every rank after the first step. A second signal to the same
     process exits it at once, without saving.
 
+    The same exchange agrees on the failures that stop training (``StepState.fail``: a
+    non-finite loss, judged on each rank's own loss; a file not written or non-finite
+    parameters, seen by rank 0 alone): each rank sends its signal and its failure in one int
+    (``signal + 256 x reason``). On any failure every rank sets ``StepState.stopped_by`` (the
+    lowest failed rank, its reason, the step) and stops after this step; a failure outranks a
+    signal. A failure comes either before this exchange (the loss) or after it (the monitor's
+    and the saver's writes, the evaluation): those are agreed at the next exchange, and so
+    that none waits for a whole sink call or epoch, ``FailureAgreement`` (listed after the
+    saver) exchanges the failures alone at the end of every ``Model.train`` epoch (every sink
+    call in sink mode). A rank with a failure goes on training until then: step by step,
+    a checkpoint of ``save_checkpoint_steps`` that failed mid-epoch is agreed one step later.
+    Once a failure is agreed nothing more is exchanged.
+
     Args:
         logger (logging.Logger): Where the acknowledgement goes.
         exit_now (callable): ``exit_now(status)`` for the second signal (default ``os._exit``).
@@ -46,14 +62,25 @@ class StopSignals(Callback):
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+    REASON_UNIT = 256  # the exchanged int: signal number + REASON_UNIT x failure reason
+
     def __init__(self, logger, exit_now=os._exit, gather=None):
         super().__init__()
         self.logger = logger
         self.exit_now = exit_now
         self.received = None  # the signal that stops training (agreed, in data parallel)
         self.own = None  # the first signal this process got
+        self.state = None  # the StepState whose failures are agreed on (``watch``)
         self._gather = gather
         self._previous = {}
+
+    def watch(self, state):
+        """Agree on ``state``'s failures (a ``StepState``) too; returns the callback that
+        exchanges them at the end of every epoch (``FailureAgreement``), to be listed after
+        the callbacks that write files."""
+        self.state = state
+        state.agreed = self.collective
+        return FailureAgreement(self)
 
     @property
     def signum(self):
@@ -107,19 +134,46 @@ class StopSignals(Callback):
         if parallel and self._gather is None:
             from src.utils.device import all_gather_int
             self._gather = all_gather_int
+        if self.state is not None:
+            self.state.agreed = self.collective
 
     def on_train_step_begin(self, run_context):
         self.install()
 
     def on_train_step_end(self, run_context):
         self.install()
-        if self.collective and self.received is None:
-            self._agree(run_context)
+        if self.collective and (self.received is None or self._failures_open()):
+            self._agree(run_context, signals=self.received is None)
 
-    def _agree(self, run_context):
-        """Exchange the signals the ranks got; on any, stop every rank after this step."""
-        signalled = [(rank, signal.Signals(value).name) for rank, value in enumerate(
-            self.gather(getattr(signal, self.own) if self.own else 0)) if value]
+    def _failures_open(self):
+        """Whether failures are still exchanged (none agreed yet); the same on every rank."""
+        return self.state is not None and self.state.stopped_by is None
+
+    def agree_failures(self, run_context):
+        """Exchange the failures alone (``FailureAgreement``, at the end of an epoch)."""
+        if self.collective and self._failures_open():
+            self._agree(run_context, signals=False)
+
+    def _agree(self, run_context, signals=True):
+        """Exchange the signals (with ``signals``) and the failures the ranks got; on a
+        failure or a signal, stop every rank after this step."""
+        failure = (self.state.failure or 0) if self._failures_open() else 0
+        own = getattr(signal, self.own) if signals and self.own else 0
+        values = self.gather(own + self.REASON_UNIT * failure)
+        failed = [(rank, value // self.REASON_UNIT) for rank, value in enumerate(values)
+                  if value // self.REASON_UNIT]
+        if failed and self._failures_open():
+            rank, reason = failed[0]
+            self.state.stopped_by = (rank, reason, self.state.global_step)
+            self.logger.error("stopping every rank after global step %d: %s",
+                              self.state.global_step, ", ".join(
+                                  f"rank {r} stopped ({STOP_REASONS.get(x, x)})"
+                                  for r, x in failed))
+            run_context.request_stop()
+        if not signals:
+            return
+        signalled = [(rank, signal.Signals(value % self.REASON_UNIT).name)
+                     for rank, value in enumerate(values) if value % self.REASON_UNIT]
         if not signalled:
             return
         self.received = self.own or signalled[0][1]
@@ -127,3 +181,21 @@ class StopSignals(Callback):
                             ", ".join(f"rank {rank} received {name}"
                                       for rank, name in signalled))
         run_context.request_stop()
+
+
+class FailureAgreement(Callback):
+    """Listed after the callbacks that write files (``StopSignals.watch`` returns it): at the
+    end of every ``Model.train`` epoch (a sink call in sink mode) the ranks exchange their
+    failures (``StopSignals.agree_failures``), so a checkpoint, record or evaluation that
+    failed on rank 0 stops every rank after that same step.
+
+    Args:
+        stop (StopSignals): Whose exchange is used.
+    """
+
+    def __init__(self, stop):
+        super().__init__()
+        self.stop = stop
+
+    def on_train_epoch_end(self, run_context):
+        self.stop.agree_failures(run_context)

@@ -123,12 +123,16 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
     (``grad_accum.<parameter>``, ``grad_accum_loss``) and counts itself in
     ``grad_accum_step``; the k-th call takes their mean, runs the step above on it (so the
     all-reduce of data parallel runs once per optimizer step, not per micro-batch) and
-    clears the buffers. Peak memory is that of one micro-batch plus one copy of the
-    gradients; BatchNorm sees micro-batch statistics, as with accumulation in PyTorch. The
-    optimizer runs once per k calls, so its ``global_step`` and the LR array it indexes count
-    optimizer steps; the callers count k ``Model`` steps per optimizer step
-    (``src.training.callbacks.StepState``) and save checkpoints only between optimizer steps,
-    when the buffers are zero (they are not saved).
+    clears the buffers. With ``allreduce_per`` "micro_batch" the all-reduce moves out of the
+    k-th call's branch: every call all-reduces its micro-batch's gradients and accumulates the
+    reduced ones (k all-reduces per optimizer step, none inside a data-dependent branch of the
+    graph; the same result, the all-reduce being linear: ``docs/distributed.md``). Peak
+    memory is that of one micro-batch plus one copy of the gradients; BatchNorm sees
+    micro-batch statistics, as with accumulation in PyTorch. The optimizer runs once per k
+    calls, so its ``global_step`` and the LR array it indexes count optimizer steps; the
+    callers count k ``Model`` steps per optimizer step (``src.training.callbacks.StepState``)
+    and save checkpoints only between optimizer steps, when the buffers are zero (they are
+    not saved).
 
     Overflowed steps are counted on the device in the parameter ``overflow_count`` (int32
     scalar, not trained, saved in training checkpoints and restored on resume): one per
@@ -151,6 +155,9 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         grad_clip_norm (float): Global-norm threshold, 0 = no clipping.
         accumulation_steps (int): Calls (micro-batches) per optimizer step.
         ema (WeightEma, optional): Updated after every optimizer step.
+        allreduce_per (str): With accumulation in data parallel, when the gradients are
+            all-reduced: "step" (once per optimizer step, on the accumulated gradients) or
+            "micro_batch" (every call, before accumulating).
 
     Outputs:
         loss (scalar; float32 with accumulation): the micro-batch's; on the call that steps
@@ -159,13 +166,19 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         scale (float32), as MindSpore's loss-scale cell.
 
     Raises:
-        ValueError: If ``accumulation_steps`` < 1 or ``grad_clip_norm`` < 0.
+        ValueError: If ``accumulation_steps`` < 1, ``grad_clip_norm`` < 0 or ``allreduce_per``
+            is not one of ``ALLREDUCE_PER``.
     """
 
+    ALLREDUCE_PER = ("step", "micro_batch")
+
     def __init__(self, network_with_loss, optimizer, scale_sense=None, check_overflow=False,
-                 grad_clip_norm=0.0, accumulation_steps=1, ema=None):
+                 grad_clip_norm=0.0, accumulation_steps=1, ema=None, allreduce_per="step"):
         if accumulation_steps < 1:
             raise ValueError(f"grad_accumulation_steps must be >= 1, got {accumulation_steps}")
+        if allreduce_per not in self.ALLREDUCE_PER:
+            raise ValueError(f"grad_accumulation_allreduce must be one of "
+                             f"{', '.join(self.ALLREDUCE_PER)}, got {allreduce_per!r}")
         if grad_clip_norm < 0:
             raise ValueError(f"grad_clip_norm must be >= 0 (0 = off), got {grad_clip_norm}")
         self.loss_scaling = scale_sense is not None
@@ -174,6 +187,8 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         self.check_overflow = self.loss_scaling and check_overflow
         self.grad_clip_norm = float(grad_clip_norm)
         self.accumulation_steps = accumulation_steps
+        # all-reduce in each call (before accumulating) instead of in the stepping one
+        self.reduce_each_call = accumulation_steps > 1 and allreduce_per == "micro_batch"
         self.ema = ema
         self.mul = ops.Mul()
         self.no_overflow = Tensor(False, ms.bool_)
@@ -199,10 +214,13 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         return loss, self.grad(self.network, self.weights)(image, label, sens)
 
     def accumulate(self, image, label, scale):
-        """Add the micro-batch's loss and (scaled) gradients to the buffers; returns (its
-        loss, the count of micro-batches now accumulated)."""
+        """Add the micro-batch's loss and (scaled) gradients, all-reduced first with
+        ``allreduce_per`` "micro_batch", to the buffers; returns (its loss, the count of
+        micro-batches now accumulated)."""
         loss, grads = self.micro_batch_gradients(image, label, scale)
         loss = loss.astype(ms.float32)  # as the mean of the stepping call: the branches join
+        if self.reduce_each_call:
+            grads = self.grad_reducer(grads)
         added = self.hyper_map(ops.assign_add, self.grad_accum, grads)
         total = ops.assign_add(self.grad_accum_loss, loss)
         count = ops.assign_add(self.grad_accum_step, Tensor(1, ms.int32))
@@ -230,11 +248,13 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
         return done
 
     def update(self, loss, grads, scale):
-        """The optimizer step on (scaled) ``grads``: all-reduce, unscale, overflow check,
+        """The optimizer step on (scaled) ``grads``: all-reduce (unless done in each call),
+        unscale, overflow check,
         ``apply``. Returns ``loss``, and with the overflow check (``loss``, the overflow flag):
         no flag is built when nothing checks it (an unused output with side effects would be
         pruned from the graph, with MindSpore's "side effect nodes were eliminated" warning)."""
-        grads = self.grad_reducer(grads)
+        if not self.reduce_each_call:
+            grads = self.grad_reducer(grads)
         if self.loss_scaling:
             grads = self.hyper_map(ops.partial(self.mul, ops.reciprocal(scale)), grads)
         if not self.check_overflow:
