@@ -25,8 +25,8 @@ recipe in PyTorch terms:
 Randomness is torch/numpy's own (seeded by ``seed``): data order and augmentation are not
 MindSpore's, so a run of ours and of this twin with the same seed differ as two seeds do.
 Outputs in ``--output_dir``: ``metrics.jsonl`` in train.py's format (one JSON line per epoch:
-epoch, step, loss, lr, time_s, img_per_s, overflow_steps, top1/top5/best_top1 when evaluating),
-``config.yaml`` (the resolved config), ``train.log`` and ``NET-final.pth`` (the final weights).
+epoch, step, loss, lr, time_s, img_per_s, overflow_steps, top1/top5/eval_loss/best_top1 when
+evaluating), ``config.yaml`` (the resolved config), ``train.log`` and ``NET-final.pth`` (the final weights).
 Float32 only, on CPU or one CUDA GPU (``--device_target GPU``). torch is a dev dependency.
 """
 import json
@@ -286,18 +286,23 @@ def device_of(cfg):
         "cpu")
 
 
-def evaluate(net, data, device, class_num):
-    """Top-1 and top-5 accuracy (fractions) of ``net`` in eval mode over every batch of ``data``."""
+def evaluate(net, data, device, class_num, loss_fn):
+    """Top-1 and top-5 accuracy (fractions) of ``net`` in eval mode over every batch of
+    ``data``, and the mean over the images of ``loss_fn`` (a ``reduction="sum"`` loss), as
+    train.py's ``eval_loss``."""
     net.eval()
     hits1 = hits5 = total = 0
+    loss_sum = 0.0
     with torch.no_grad():
         for x, y in data:
-            topk = net(x.to(device)).topk(min(5, class_num), dim=1).indices.cpu()
+            logits = net(x.to(device))
+            loss_sum += float(loss_fn(logits.float(), y.to(device)))
+            topk = logits.topk(min(5, class_num), dim=1).indices.cpu()
             hits1 += int((topk[:, 0] == y).sum())
             hits5 += int((topk == y[:, None]).any(dim=1).sum())
             total += len(y)
     net.train()
-    return hits1 / total, hits5 / total
+    return hits1 / total, hits5 / total, loss_sum / total
 
 
 def main(argv=None):
@@ -391,9 +396,11 @@ def main(argv=None):
                   "overflow_steps": 0}
         if eval_data is not None and ((epoch + 1) % cfg.eval_interval == 0
                                       or epoch + 1 == cfg.epoch_size):
-            top1, top5 = evaluate(net, eval_data, device, cfg.class_num)
+            top1, top5, eval_loss = evaluate(
+                net, eval_data, device, cfg.class_num,
+                torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum"))
             best_top1 = max(best_top1, top1)
-            record.update(top1=top1, top5=top5, best_top1=best_top1,
+            record.update(top1=top1, top5=top5, eval_loss=eval_loss, best_top1=best_top1,
                           eval_images=len(eval_data.dataset))
         log.info("epoch %d done: %s", epoch + 1, json.dumps(record))
         with open(metrics_path, "a", encoding="utf-8") as f:

@@ -110,7 +110,7 @@ def float64_lines(folder):
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_training_graphs_hold_no_float64(optimizer, tmp_path):
-    """Momentum, AdamW and LAMB: the saved IR of the compiled training step (and of the
+    """Momentum, AdamW, LAMB and LARS: the saved IR of the compiled training step (and of the
     PyNative-compiled optimizer) holds the optimizer's operators and no float64 type."""
     dump = tmp_path / "ir"
     env = dict(os.environ, MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=str(dump))
@@ -121,7 +121,7 @@ def test_training_graphs_hold_no_float64(optimizer, tmp_path):
     found, files, text = float64_lines(dump)
     assert files >= 10, f"only {files} .ir files saved under {dump}: is graph saving on?"
     scope = {"momentum": "optimizer-Momentum", "adamw": "optimizer-AdamW",
-             "lamb": "optimizer-Lamb"}[optimizer]
+             "lamb": "optimizer-Lamb", "lars": "optimizer-Lars"}[optimizer]
     assert scope in text, f"the saved graphs do not contain {scope}'s operators"
     assert "Float32" in text  # the search reads the type names the IR prints
     sources = Counter(where for _, where in found)
