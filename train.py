@@ -293,20 +293,20 @@ def main(argv=None):
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     # on GPU/Ascend, steps whose scaled gradients overflow are skipped and counted
     model, ema = build_model(cfg, net, lr, amp_level)
-    switch = cfg.linear_probe_epochs * data.steps_per_epoch  # LP-FT: fc alone until then
+    probe_end = cfg.linear_probe_epochs * data.steps_per_epoch  # LP-FT: fc alone until then
 
     # ---- resume (the same recipe, step of the data and of the LR) ----
     run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log,
                      data.train_images)
-    if switch and run.start_step >= switch:
-        model = fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log,
-                                  run.resume_path if run.start_step > switch else "")
+    if probe_end and run.start_step >= probe_end:
+        model = fine_tuning_model(cfg, model, lr, probe_end, amp_level, ema, device_num, log,
+                                  run.resume_path if run.start_step > probe_end else "")
 
     # ---- the last checks (nothing is written before they pass), callbacks: the step state
     # first, then the ones that read it; then the output folder ----
     sink_size = resolve_sink_size(cfg, data.steps_per_epoch)
     split = checked_split(cfg, run, rank == 0)
-    cbs = build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level, stop,
+    callbacks = build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level, stop,
                           rank, log)
     log = prepare_run_folder(cfg, run, data.class_names, rank, log, split)
     log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
@@ -316,20 +316,20 @@ def main(argv=None):
     # ---- train: step by step (each epoch its own pipeline) or in sink calls (one pipeline) ----
     try:
         with readable_pipeline_errors():
-            train_run(cfg, model, data, cbs, run.start_step, sink_size, stop, switch,
-                      lambda: fine_tuning_model(cfg, model, lr, switch, amp_level, ema,
+            train_run(cfg, model, data, callbacks, run.start_step, sink_size, stop, probe_end,
+                      lambda: fine_tuning_model(cfg, model, lr, probe_end, amp_level, ema,
                                                 device_num, log))
     except ImageFolderError as err:  # an image the decoder rejects (check_images false)
         raise ImageFolderError(f"{err}; last good checkpoint: "
-                               f"{cbs.saver.last_saved or run.resume_path or 'none'} (resume "
+                               f"{callbacks.saver.last_saved or run.resume_path or 'none'} (resume "
                                f"from it with --resume_ckpt auto once the image is replaced)"
                                ) from err
     finally:
         stop.restore()
-        if cbs.profiler:
-            cbs.profiler.close()  # analyses the steps recorded before a stop
-    status = finish(cbs, stop, len(lr), cfg.output_dir, log)
-    track_run_end(cfg, cbs, run)
+        if callbacks.profiler:
+            callbacks.profiler.close()  # analyses the steps recorded before a stop
+    status = finish(callbacks, stop, len(lr), cfg.output_dir, log)
+    track_run_end(cfg, callbacks, run)
     if lock:
         lock.release()
     return status
@@ -448,37 +448,38 @@ def build_network(cfg, device_num, log, rank=0):
     return net
 
 
-def stopped(cbs, stop):
+def stopped(callbacks, stop):
     """Whether training must not go on: a signal, a non-finite loss or too many overflowed
     steps, or a checkpoint or record not written (in data parallel: as the ranks agreed, so
     every rank returns the same)."""
-    return bool(stop.received or cbs.state.must_stop)
+    return bool(stop.received or callbacks.state.must_stop)
 
 
-def train_run(cfg, model, data, cbs, start_step, sink_size, stop, switch=0, fine_tune=None,
-              **kwargs):
+def train_run(cfg, model, data, callbacks, start_step, sink_size, stop, probe_end=0,
+              fine_tune=None, **kwargs):
     """Train from ``start_step`` to the end of ``epoch_size`` epochs, or until a stop, step by
-    step (``train_step_by_step``) or in sink calls (``train_sunk``; ``kwargs`` go to it). With
-    LP-FT (``switch`` > ``start_step``): the linear probe up to step ``switch``, then, unless
-    stopped before, the model ``fine_tune()`` returns from there (a second ``Model.train``
-    call, on a pipeline of its own in sink mode)."""
-    if switch and start_step < switch:
-        train_until(cfg, model, data, cbs, start_step, switch, sink_size, stop, **kwargs)
-        if stopped(cbs, stop) or cbs.state.global_step < switch:
+    step (``train_step_by_step``) or in sink calls (``train_in_sink_calls``; ``kwargs`` go to
+    it). With LP-FT (``probe_end`` > ``start_step``, the step at which the linear probe ends):
+    the linear probe up to step ``probe_end``, then, unless stopped before, the model
+    ``fine_tune()`` returns from there (a second ``Model.train`` call, on a pipeline of its
+    own in sink mode)."""
+    if probe_end and start_step < probe_end:
+        train_until(cfg, model, data, callbacks, start_step, probe_end, sink_size, stop, **kwargs)
+        if stopped(callbacks, stop) or callbacks.state.global_step < probe_end:
             return
-        model, start_step = fine_tune(), switch
-    train_until(cfg, model, data, cbs, start_step, cfg.epoch_size * data.steps_per_epoch,
+        model, start_step = fine_tune(), probe_end
+    train_until(cfg, model, data, callbacks, start_step, cfg.epoch_size * data.steps_per_epoch,
                 sink_size, stop, **kwargs)
 
 
-def train_until(cfg, model, data, cbs, start_step, end_step, sink_size, stop, **kwargs):
+def train_until(cfg, model, data, callbacks, start_step, end_step, sink_size, stop, **kwargs):
     """Train from ``start_step`` to ``end_step`` (an epoch boundary), step by step or in sink
     calls."""
     if sink_size:
-        train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, end_step=end_step,
-                   **kwargs)
+        train_in_sink_calls(cfg, model, data, callbacks, start_step, sink_size, stop,
+                            end_step=end_step, **kwargs)
     else:
-        train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=end_step)
+        train_step_by_step(cfg, model, data, callbacks, start_step, stop, end_step=end_step)
 
 
 def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log,
@@ -621,11 +622,11 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
                            os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
                            log, evaluator, cfg.eval_interval, tracker, lr_group_tags(cfg, net),
                            confusion_at_best(tracker, evaluator, data.class_names))
-    own = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
+    prunable = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
                           run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
                             json.dumps(run.config), cfg.save_checkpoint_epochs,
-                            cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, own,
+                            cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, prunable,
                             write=is_main, best=evaluator.best_score if evaluator else None,
                             train_data=json.dumps(run.data))
     profile = parse_profile_steps(cfg.profile_steps)
@@ -665,10 +666,10 @@ def confusion_at_best(tracker, evaluator, class_names):
     return after_eval
 
 
-def track_run_end(cfg, cbs, run):
+def track_run_end(cfg, callbacks, run):
     """TensorBoard at the end of a run: the resolved config as hyperparameters with the last
     epoch record's numbers, then the file closed."""
-    tracker = cbs.monitor.tracker
+    tracker = callbacks.monitor.tracker
     if tracker is None:
         return
     last = {}
@@ -679,11 +680,11 @@ def track_run_end(cfg, cbs, run):
         last = json.loads(lines[-1]) if lines else {}
     metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
                                                        "ema_top1") if key in last}
-    tracker.hparams(run.config, metrics, cbs.state.global_step)
+    tracker.hparams(run.config, metrics, callbacks.state.global_step)
     tracker.close()
 
 
-def train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=None):
+def train_step_by_step(cfg, model, data, callbacks, start_step, stop, end_step=None):
     """Train from ``start_step`` to ``end_step`` (an epoch boundary; default: the end of
     ``epoch_size`` epochs), or until a stop, one batch per call (with
     ``grad_accumulation_steps`` k, k calls per optimizer step): each epoch its own pipeline
@@ -693,13 +694,13 @@ def train_step_by_step(cfg, model, data, cbs, start_step, stop, end_step=None):
     it)."""
     steps_per_epoch = data.steps_per_epoch
     end_epoch = cfg.epoch_size if end_step is None else end_step // steps_per_epoch
-    cbs.state.set_call_size(1)
+    callbacks.state.set_call_size(1)
     for epoch in range(start_step // steps_per_epoch, end_epoch):
-        if stopped(cbs, stop):
+        if stopped(callbacks, stop):
             return
         skip = max(0, start_step - epoch * steps_per_epoch)
         dataset = epoch_dataset(cfg, epoch, skip, data)
-        model.train(epoch + 1, dataset, callbacks=cbs.all, dataset_sink_mode=False,
+        model.train(epoch + 1, dataset, callbacks=callbacks.all, dataset_sink_mode=False,
                     initial_epoch=epoch)
 
 
@@ -707,12 +708,12 @@ def run_dataset(cfg, data):
     """The one training pipeline of a sink-mode run: all its epochs, seeded once from
     (``seed``, 0). MindSpore's sampler reshuffles it every epoch, the order a function of the
     seed and the epoch number alone; ``Dataset.set_init_step`` starts it at any step with
-    that order (``train_sunk``)."""
+    that order (``train_in_sink_calls``)."""
     return training_pipeline(cfg, data, epoch_seed(cfg.seed, 0))
 
 
-def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=run_dataset,
-               end_step=None):
+def train_in_sink_calls(cfg, model, data, callbacks, start_step, sink_size, stop,
+                        build_dataset=run_dataset, end_step=None):
     """Train from ``start_step`` to ``end_step`` (an epoch boundary; default: the end of
     ``epoch_size`` epochs), or until a stop, in
     dataset sink mode (GPU/Ascend): one pipeline and one ``Model.train`` call for the run, so
@@ -740,22 +741,22 @@ def train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset
     """
     total = cfg.epoch_size * data.steps_per_epoch if end_step is None else end_step
     k = cfg.grad_accumulation_steps  # Model steps (batches) per optimizer step
-    head = -start_step % sink_size
-    if head:
+    to_boundary = -start_step % sink_size  # steps before the next sink-call boundary
+    if to_boundary:
         dataset = build_dataset(cfg, data)
         dataset.set_init_step(start_step * k)
-        cbs.state.set_call_size(1)
-        model.train(cfg.epoch_size, dataset, callbacks=cbs.all + [StopAtStep(
-            cbs.state, start_step + head)], dataset_sink_mode=False,
+        callbacks.state.set_call_size(1)
+        model.train(cfg.epoch_size, dataset, callbacks=callbacks.all + [StopAtStep(
+            callbacks.state, start_step + to_boundary)], dataset_sink_mode=False,
                     initial_epoch=start_step // data.steps_per_epoch)
-        start_step += head
-        if stopped(cbs, stop) or cbs.state.global_step < start_step:
+        start_step += to_boundary
+        if stopped(callbacks, stop) or callbacks.state.global_step < start_step:
             return
     dataset = build_dataset(cfg, data)
     if start_step:
         dataset.set_init_step(start_step * k)
-    cbs.state.set_call_size(sink_size * k)
-    model.train(total // sink_size, dataset, callbacks=cbs.all, dataset_sink_mode=True,
+    callbacks.state.set_call_size(sink_size * k)
+    model.train(total // sink_size, dataset, callbacks=callbacks.all, dataset_sink_mode=True,
                 sink_size=sink_size * k, initial_epoch=start_step // sink_size)
 
 
@@ -787,15 +788,15 @@ def benchmark_training(cfg, device_num, log):
     return 0
 
 
-def finish(cbs, stop, total_steps, output_dir, log):
+def finish(callbacks, stop, total_steps, output_dir, log):
     """Exit status and the closing message: done, a checkpoint, record or log line not
     written, a non-finite loss, too many overflowed steps or stopped by a signal (a signal
     after the last step still ends "done"). In data parallel every rank exits with the status
     of the failure the ranks agreed on (``StepState.stopped_by``); a rank other than the one
     that stopped says which rank stopped and why."""
-    state, saver = cbs.state, cbs.saver
+    state, saver = callbacks.state, callbacks.saver
     last = saver.last_saved or ("none" if saver.write else "named by rank 0")
-    own = own_failure(cbs)
+    own = own_failure(callbacks)
     if own:
         log.error("stopped: %s; last good checkpoint: %s", own[0], last)
     if state.stopped_by:
@@ -818,9 +819,9 @@ def finish(cbs, stop, total_steps, output_dir, log):
     return 0
 
 
-def own_failure(cbs):
+def own_failure(callbacks):
     """This process's reason to stop, as (message, exit status), or None."""
-    state, saver, monitor = cbs.state, cbs.saver, cbs.monitor
+    state, saver, monitor = callbacks.state, callbacks.saver, callbacks.monitor
     if monitor.error and not saver.error:
         return monitor.error, EXIT_SAVE_FAILED
     if saver.error:

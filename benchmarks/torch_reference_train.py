@@ -26,7 +26,8 @@ Randomness is torch/numpy's own (seeded by ``seed``): data order and augmentatio
 MindSpore's, so a run of ours and of this twin with the same seed differ as two seeds do.
 Outputs in ``--output_dir``: ``metrics.jsonl`` in train.py's format (one JSON line per epoch:
 epoch, step, loss, lr, time_s, img_per_s, overflow_steps, top1/top5/eval_loss/best_top1 when
-evaluating), ``config.yaml`` (the resolved config), ``train.log`` and ``NET-final.pth`` (the final weights).
+evaluating), ``config.yaml`` (the resolved config), ``train.log`` and ``NET-final.pth`` (the
+final weights).
 Float32 only, on CPU or one CUDA GPU (``--device_target GPU``). torch is a dev dependency.
 """
 import json

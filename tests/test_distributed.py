@@ -793,7 +793,7 @@ def test_eval_shards_hold_each_image_once(tmp_path):
         shards = [eval_shard(folder, args, num_shards, s) for s in range(num_shards)]
         read = [rows(shard.dataset) for shard in shards]
         assert sum(map(len, read)) > 27  # padded: counting every row would count some twice
-        own = [r[:shard.images] for r, shard in zip(read, shards)]
+        own = [r[:shard.image_count] for r, shard in zip(read, shards)]
         assert sorted(sum(own, [])) == everything, num_shards
 
 
@@ -822,7 +822,7 @@ def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_ran
         sent.extend(arrays)
         return [rank0_mean, arrays[1]]
 
-    shard = EvalShard(data, images=7, sum_over_ranks=lambda counts: [2 * c for c in counts],
+    shard = EvalShard(data, image_count=7, sum_over_ranks=lambda counts: [2 * c for c in counts],
                       broadcast=broadcast, sum_arrays=lambda floats: 2 * floats)
     # (a second rank that counted the same)
     own_mean = net[1].moving_mean.asnumpy().copy()

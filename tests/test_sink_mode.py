@@ -16,7 +16,7 @@ from src.training.callbacks import StepState, StopAtStep, TrainMonitor
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.config import ConfigError, parse_config
-from train import build_data, resolve_sink_size, run_dataset, train_run, train_sunk
+from train import build_data, resolve_sink_size, run_dataset, train_in_sink_calls, train_run
 
 
 def test_sink_size_per_device_and_setting():
@@ -100,7 +100,7 @@ def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4, accumulati
     cfg = SimpleNamespace(epoch_size=epoch_size, grad_accumulation_steps=accumulation)
     data = SimpleNamespace(steps_per_epoch=steps_per_epoch)
     stop = StopSignals(logging.getLogger("test"))
-    train_sunk(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=build)
+    train_in_sink_calls(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=build)
     return model.calls, built, state
 
 

@@ -30,9 +30,9 @@ class EvalShard(NamedTuple):
     Attributes:
         dataset (mindspore.dataset.Dataset): Batches of ``image`` float32 (N, 3, H, W) and
             ``label`` int32 (N,), N the per-device batch (the last batch may be smaller).
-        images (int, optional): The images of this shard: its first ``images`` rows; the rows
-            after them are the sampler's padding (copies of other shards' images), not counted.
-            None: every row counts (one process).
+        image_count (int, optional): The images of this shard: its first ``image_count``
+            rows; the rows after them are the sampler's padding (copies of other shards'
+            images), not counted. None: every row counts (one process).
         sum_over_ranks (callable, optional): ``list[int] -> list[int]``, summed over the ranks
             (``src.utils.device.sum_ints_over_ranks``); None in one process.
         broadcast (callable, optional): ``list[ndarray] -> list[ndarray]``, rank 0's arrays
@@ -42,7 +42,7 @@ class EvalShard(NamedTuple):
     """
 
     dataset: object
-    images: int | None = None
+    image_count: int | None = None
     sum_over_ranks: Callable | None = None
     broadcast: Callable | None = None
     sum_arrays: Callable | None = None
@@ -220,7 +220,8 @@ class BestCheckpointEvaluator:
     def count(self, model, confusion=False):
         """``EvalCounts`` of ``model`` on this process's shard (with the confusion matrix if
         ``confusion``)."""
-        counter = TopKCounter(self.shard.images, class_num=self.class_num if confusion else None)
+        counter = TopKCounter(self.shard.image_count,
+                              class_num=self.class_num if confusion else None)
         model.eval(self.shard.dataset, callbacks=[counter], dataset_sink_mode=False)
         return counter.counts()
 

@@ -51,12 +51,12 @@ def set_trainable(cfg, net, trainable_layers, freeze_bn, device_num, log):
                  fusion, len(params))
 
 
-def fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log, resume_path=""):
-    """LP-FT's switch at step ``switch`` (``linear_probe_epochs`` done): the stages of
+def fine_tuning_model(cfg, model, lr, probe_end, amp_level, ema, device_num, log, resume_path=""):
+    """LP-FT's switch at step ``probe_end`` (``linear_probe_epochs`` done): the stages of
     ``trainable_layers`` train from here, with a fresh optimizer over them (Kumar et al.
     2022, "Fine-Tuning can Distort Pretrained Features and Underperform Out-of-Distribution",
     arXiv:2202.10054: the probe's head initializes the fine-tuning) whose step 0 is the run's
-    step ``switch`` (its LR array the rest of the run's). A new training cell, so its graph is
+    step ``probe_end`` (its LR array the rest of the run's). A new training cell, so its graph is
     compiled once more. The overflow count carries over; ``resume_path`` (a checkpoint after
     the switch) restores the new cell's optimizer state.
 
@@ -66,12 +66,12 @@ def fine_tuning_model(cfg, model, lr, switch, amp_level, ema, device_num, log, r
     old = model.train_network
     net = old.network.backbone_network  # the cast network inside WithLossCell
     set_trainable(cfg, net, cfg.trainable_layers, cfg.freeze_bn, device_num, log)
-    step = build_train_step(cfg, net, lr[switch:], amp_level, ema)
+    step = build_train_step(cfg, net, lr[probe_end:], amp_level, ema)
     step.overflow_count.set_data(old.overflow_count.value())
     if resume_path:
         restore_training_state(step, resume_path)
     log.info("LP-FT: linear probe done after %d steps; fine-tuning with trainable_layers %d "
-             "from step %d", switch, cfg.trainable_layers, switch)
+             "from step %d", probe_end, cfg.trainable_layers, probe_end)
     return with_train_step(cfg, net, step, amp_level)
 
 
