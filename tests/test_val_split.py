@@ -285,5 +285,5 @@ def test_run_eval_shards_count_the_held_out_part(folder):
     args = dict(dataset="imagefolder", batch_size=2, image_size=32, eval_resize=32,
                 num_parallel_workers=1, indices=split.val)
     shards = [eval_shard(folder, args, 2, s) for s in (0, 1)]
-    assert [s.images for s in shards] == [5, 4]  # 9 held-out images
+    assert [s.image_count for s in shards] == [5, 4]  # 9 held-out images
     assert eval_shard(folder, args).dataset.get_dataset_size() == 5
