@@ -214,6 +214,8 @@ def capture(monkeypatch, module, name):
 
 
 def test_eval_py_hands_the_key_to_its_pipeline(photos, monkeypatch, tmp_path):
+    # in-process: the session's MindSpore runtime is up, set_device may not run again
+    monkeypatch.setattr(eval_entry, "setup_device", lambda *args, **kwargs: None)
     calls = capture(monkeypatch, eval_entry, "create_dataset")
     with pytest.raises(Captured):
         eval_entry.main(["--data_path", photos[0], "--class_num", "1", "--exif_transpose",
@@ -222,6 +224,7 @@ def test_eval_py_hands_the_key_to_its_pipeline(photos, monkeypatch, tmp_path):
 
 
 def test_predict_py_hands_the_key_to_its_reader(photos, monkeypatch):
+    monkeypatch.setattr(predict_entry, "setup_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(predict_entry, "load_predictor", lambda *args: None)
     calls = capture(monkeypatch, predict_entry, "preprocess_images")
     with pytest.raises(Captured):
