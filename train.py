@@ -47,6 +47,7 @@ from src.data.split import (
 )
 from src.deploy.report import plot_confusion
 from src.models.resnet import create_network
+from src.training.best import BestCheckpoint, EvalKeepingBest
 from src.training.callbacks import (
     NOT_WRITTEN,
     STOP_REASONS,
@@ -56,7 +57,7 @@ from src.training.callbacks import (
     TrainMonitor,
     loss_value,
 )
-from src.training.evaluator import BestCheckpointEvaluator, eval_shard
+from src.training.evaluator import Evaluator, eval_shard
 from src.training.finetune import (
     check_split_and_balance,
     checked_split,
@@ -82,7 +83,6 @@ from src.training.resume import (
     epoch_seed,
     find_resume_checkpoint,
     folder_best,
-    higher_best,
     restore_training_state,
     resumable_names,
 )
@@ -245,11 +245,11 @@ def resolve_sink_size(cfg, steps_per_epoch):
     return sink_size
 
 
-def build_evaluator(cfg, model, net, ema, shard, amp_level, write=True):
-    """``BestCheckpointEvaluator`` of the live network and, with an EMA, of the averages (in a
-    second network of the same architecture), on ``shard`` (``eval_shard``: in data parallel
-    this rank's part of the eval set; the counts are summed over the ranks). ``write``: this
-    process writes the best checkpoint (rank 0)."""
+def build_evaluator(cfg, model, net, ema, shard, amp_level, confusion_of=None):
+    """``Evaluator`` of the live network and, with an EMA, of the averages (in a second
+    network of the same architecture), on ``shard`` (``eval_shard``: in data parallel this
+    rank's part of the eval set; the counts are summed over the ranks). ``confusion_of``: the
+    metric whose network's confusion matrix is kept (``Evaluator``)."""
     ema_model = None
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
@@ -257,9 +257,7 @@ def build_evaluator(cfg, model, net, ema, shard, amp_level, write=True):
                            device_target=cfg.device_target,
                            stem_pool_pad_mode=cfg.stem_pool_pad_mode), amp_level)
         ema_model = eval_model(cfg, ema_net, amp_level)
-    return BestCheckpointEvaluator(model, shard, os.path.join(
-        cfg.output_dir, f"{cfg.net_name}-best.ckpt"), net, ema, ema_model, cfg.best_on_ema,
-                                   write, cfg.class_num, keep_confusion=cfg.tensorboard)
+    return Evaluator(model, shard, net, ema, ema_model, cfg.class_num, confusion_of)
 
 
 def main(argv=None):
@@ -488,10 +486,11 @@ def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log
 
     Returns:
         SimpleNamespace: ``resume_path`` ("" for a fresh start), ``start_step`` (optimizer
-        steps done), ``best`` (the evaluator's best so far: the higher of the checkpoint's
-        and, for a run that continues its folder, the one stored in ``NET-best.ckpt``; or
-        None), ``config`` (the run's config as stored in its checkpoints), ``data`` (the
-        training data as stored in them: ``{"images", "steps_per_epoch"}``),
+        steps done), ``best`` (the best score stored in the checkpoint, or None),
+        ``folder_best`` (for a run that continues its folder, the score stored in its
+        ``NET-best.ckpt``, or None; ``BestCheckpoint.restore`` takes the higher),
+        ``config`` (the run's config as stored in its checkpoints), ``data`` (the training
+        data as stored in them: ``{"images", "steps_per_epoch"}``),
         ``continues_here`` (the checkpoint lies in ``output_dir``: this run continues that
         folder's run) and ``later_files`` (a resume from an earlier step than the folder's
         newest checkpoint, with ``overwrite``: the files of the later steps, to move aside).
@@ -503,7 +502,7 @@ def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log
     """
     run_config = dict(cfg, device_num=device_num)
     data = {"images": train_images, "steps_per_epoch": steps_per_epoch}
-    start_step, best, later = 0, None, []
+    start_step, best, folder_score, later = 0, None, None, []
     resume_path = resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log)
     if resume_path:
         start_step, _, best = restore_training_state(
@@ -520,10 +519,10 @@ def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log
                                  cfg.overwrite)
         best_path = os.path.join(cfg.output_dir, f"{cfg.net_name}-best.ckpt")
         if best_path not in later:  # a best chosen after a crash, e.g. (auto falls back)
-            best = higher_best(best, folder_best(best_path))
+            folder_score = folder_best(best_path)
     return SimpleNamespace(resume_path=resume_path, start_step=start_step, best=best,
-                           config=run_config, data=data, continues_here=continues_here,
-                           later_files=later)
+                           folder_best=folder_score, config=run_config, data=data,
+                           continues_here=continues_here, later_files=later)
 
 
 def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
@@ -601,7 +600,8 @@ def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr
 def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level, stop, rank,
                     log):
     """The callbacks of ``Model.train``, in order: the step state first, then the ones that read
-    it (signals, progress and metrics with the evaluator, checkpoints, profiler).
+    it (signals, progress and metrics with the evaluator and the best checkpoint, checkpoints,
+    profiler).
 
     Returns:
         SimpleNamespace: ``state``, ``monitor``, ``saver``, ``profiler`` (or None) and ``all``
@@ -609,25 +609,29 @@ def build_callbacks(cfg, run, data, model, net, ema, lr, global_batch, amp_level
     """
     is_main = rank == 0
     steps_per_epoch = data.steps_per_epoch
-    evaluator = None
+    evaluator = best = None
     if cfg.run_eval:
+        best = BestCheckpoint(os.path.join(cfg.output_dir, f"{cfg.net_name}-best.ckpt"),
+                              on_ema=cfg.best_on_ema and ema is not None, write=is_main)
+        best.restore(run.best, run.folder_best)  # the checkpoints' best, not metrics.jsonl's
         shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
-        evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level, is_main)
-        evaluator.restore(run.best)  # the checkpoint's best, not metrics.jsonl's
+        evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level,
+                                    best.metric if cfg.tensorboard else None)
     state = StepState(run.start_step, cfg.max_overflow_fraction, cfg.grad_accumulation_steps)
     tracker = (TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER),
                               purge_step=run.start_step + 1, logger=log)
                if cfg.tensorboard and is_main else None)
     monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
                            os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
-                           log, evaluator, cfg.eval_interval, tracker, lr_group_tags(cfg, net),
-                           confusion_at_best(tracker, evaluator, data.class_names))
+                           log, EvalKeepingBest(evaluator, best) if best is not None else None,
+                           cfg.eval_interval, tracker, lr_group_tags(cfg, net),
+                           confusion_at_best(tracker, evaluator, best, data.class_names))
     prunable = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
                           run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
                             json.dumps(run.config), cfg.save_checkpoint_epochs,
                             cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, prunable,
-                            write=is_main, best=evaluator.best_score if evaluator else None,
+                            write=is_main, best=best.score if best is not None else None,
                             train_data=json.dumps(run.data))
     profile = parse_profile_steps(cfg.profile_steps)
     profiler = ProfileSteps(state, *profile, os.path.join(cfg.output_dir, "profiler"), log,
@@ -652,15 +656,16 @@ def lr_group_tags(cfg, net):
                                                cfg.head_lr_scale).items()}
 
 
-def confusion_at_best(tracker, evaluator, class_names):
+def confusion_at_best(tracker, evaluator, best, class_names):
     """``TrainMonitor``'s ``after_eval`` for TensorBoard: after an evaluation that set a new
-    best, the chosen network's confusion matrix as image ``eval/confusion_matrix`` (eval.py's
-    ``--plot`` picture) at that step; None without tracking or evaluation."""
+    best (``best``, a ``BestCheckpoint``), the chosen network's confusion matrix (kept by
+    ``evaluator``) as image ``eval/confusion_matrix`` (eval.py's ``--plot`` picture) at that
+    step; None without tracking or evaluation."""
     if tracker is None or evaluator is None:
         return None
 
     def after_eval(step, epoch):
-        if evaluator.best_epoch == epoch and evaluator.confusion is not None:
+        if best.is_new and evaluator.confusion is not None:
             tracker.drawn_image("eval/confusion_matrix", step, lambda path: plot_confusion(
                 evaluator.confusion, class_names, path))
     return after_eval

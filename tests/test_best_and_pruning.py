@@ -1,8 +1,8 @@
 """Which weights the best checkpoint holds (``best_on_ema``), and which files a resumed run may
 prune (``src.utils.checkpoint.own_checkpoints`` and ``prune``).
 
-``best_on_ema``: ``BestCheckpointEvaluator`` built as train.py's ``build_evaluator`` builds it
-(the live network's Model, a second network of the same architecture for the EMA's averages,
+``best_on_ema``: an ``Evaluator`` built as train.py's ``build_evaluator`` builds it (the live
+network's Model, a second network of the same architecture for the EMA's averages,
 ``best_on_ema`` from the config), on a stand-in network (one Dense layer, a few 2-D points):
 it evaluates as a ResNet does (the eval cell of ``src.training.model``, top-1 counted by
 ``TopKCounter``), in a second instead of a minute. The EMA's averages and the live weights
@@ -14,6 +14,7 @@ checkpoints of the run it continues: ``PREFIX-E_S.ckpt`` in its output folder at
 resume step; never another prefix's files, the best checkpoint, partial files, files in
 sub-folders (an earlier run moved aside) or files of later steps.
 """
+import json
 import os
 from types import SimpleNamespace
 
@@ -23,7 +24,8 @@ import mindspore.nn as nn
 import numpy as np
 import pytest
 
-from src.training.evaluator import BestCheckpointEvaluator, EvalShard
+from src.training.best import BestCheckpoint, EvalKeepingBest
+from src.training.evaluator import EvalShard, Evaluator
 from src.training.model import eval_model
 from src.training.train_step import WeightEma
 from src.utils.checkpoint import own_checkpoints, prune
@@ -61,9 +63,10 @@ def set_weights(params, weight):
 
 
 def evaluator(tmp_path, best_on_ema):
-    """(evaluator, live net, EMA) as train.py's ``build_evaluator`` makes them: the live
-    network's Model, a second network of the same architecture for the averages, whose Model
-    is ``eval_model``'s."""
+    """(evaluation, live net, EMA, best checkpoint path) as train.py's ``build_callbacks``
+    makes them: ``build_evaluator``'s ``Evaluator`` (the live network's Model, a second
+    network of the same architecture for the averages, whose Model is ``eval_model``'s) and
+    a ``BestCheckpoint``, composed by ``EvalKeepingBest``."""
     cfg = SimpleNamespace(label_smoothing=0.1, class_num=2)
     net = StandIn()
     ema = WeightEma(net, 0.9)
@@ -71,8 +74,8 @@ def evaluator(tmp_path, best_on_ema):
     ema_model = eval_model(cfg, StandIn(), "O0")
     data = ds.NumpySlicesDataset({"image": POINTS, "label": LABELS}, shuffle=False).batch(3)
     best = str(tmp_path / "net-best.ckpt")
-    return BestCheckpointEvaluator(model, EvalShard(data), best, net, ema, ema_model,
-                                   best_on_ema, write=True), net, ema, best
+    return EvalKeepingBest(Evaluator(model, EvalShard(data), net, ema, ema_model),
+                           BestCheckpoint(best, on_ema=best_on_ema, write=True)), net, ema, best
 
 
 def evaluate_twice(tmp_path, best_on_ema):
@@ -86,10 +89,11 @@ def evaluate_twice(tmp_path, best_on_ema):
     for live_weight, ema_weight in ((RIGHT, WRONG), (HALF, RIGHT_TOO)):
         set_weights(live, live_weight)
         set_weights(averages, ema_weight)
-        results.append(run())
+        results.append(run(len(results) + 1))
     saved = ms.load_checkpoint(best)
     # the network's names, no "ema." prefix, and the score it was chosen on (``best_score``)
     assert sorted(saved) == ["best_score", "fc.bias", "fc.weight"]
+    assert json.loads(saved["best_score"]) == run.best.score()
     return results, saved["fc.weight"].asnumpy()
 
 
@@ -98,6 +102,8 @@ def test_best_checkpoint_holds_the_live_weights_chosen_by_their_top1(tmp_path):
     assert (first["top1"], first["ema_top1"], second["top1"], second["ema_top1"]) == (
         1.0, 0.0, 0.5, 1.0)
     assert first["best_top1"] == second["best_top1"] == 1.0  # the live top-1
+    assert list(first) == ["top1", "top5", "eval_loss", "ema_top1", "ema_top5",
+                           "ema_eval_loss", "best_top1", "eval_images"]  # the record's order
     # written at evaluation 1 (the live weights' best), not replaced at evaluation 2
     np.testing.assert_array_equal(weight, RIGHT)
 
@@ -125,10 +131,9 @@ def test_eval_loss_and_confusion_count_the_shard_s_own_images_over_the_ranks(tmp
     double = {} if ranks == 1 else {"sum_over_ranks": lambda v: [2 * x for x in v],
                                     "broadcast": lambda arrays: arrays,
                                     "sum_arrays": lambda a: 2 * a}
-    run = BestCheckpointEvaluator(eval_model(cfg, net, "O0"), EvalShard(data, 7, **double),
-                                  str(tmp_path / "net-best.ckpt"), net, class_num=2,
-                                  keep_confusion=True)
-    result = run(1)
+    run = Evaluator(eval_model(cfg, net, "O0"), EvalShard(data, 7, **double), net,
+                    class_num=2, confusion_of="top1")
+    result = run()
     logits = torch.from_numpy(POINTS[:7].astype(np.float64) @ HALF.T)
     expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(LABELS[:7]).long(),
                                                  label_smoothing=0.1)

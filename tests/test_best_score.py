@@ -9,8 +9,9 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import RunContext
 
-from src.training.callbacks import StepState, TrainMonitor
-from src.training.evaluator import BestCheckpointEvaluator, EvalCounts, EvalShard
+from src.training.best import BestCheckpoint, EvalKeepingBest
+from src.training.callbacks import NOT_WRITTEN, StepState, TrainMonitor
+from src.training.evaluator import EvalCounts, EvalShard, Evaluator
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.checkpoint import load_into_network, read_checkpoint, stored_best
@@ -31,42 +32,91 @@ def context(net):
 def test_every_training_checkpoint_stores_the_best_score_and_eval_ignores_it(tmp_path):
     net = nn.Dense(2, 2)
     state = StepState()
+    best = BestCheckpoint(str(tmp_path / "net-best.ckpt"))
+    best.restore({"top1": 0.51, "epoch": 2})
     saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 20,
-                            best=lambda: {"top1": 0.51, "epoch": 2})
+                            best=best.score)
     state.global_step = 10
     saver.on_train_epoch_end(context(net))
     params = read_checkpoint(saver.last_saved)
     assert stored_best(params) == {"top1": 0.51, "epoch": 2}
+    assert params["best_score"] == '{"top1": 0.51, "epoch": 2}'  # the string, as before
     load_into_network(nn.Dense(2, 2), saver.last_saved)  # strict: the key is metadata
 
 
-def evaluator_scoring(tmp_path, top1_counts):
-    """A ``BestCheckpointEvaluator`` whose evaluations give ``top1_counts`` / 1000 in turn."""
+def evaluator_scoring(tmp_path, top1_counts, name="net-best.ckpt"):
+    """train.py's ``EvalKeepingBest`` of an ``Evaluator`` whose evaluations give
+    ``top1_counts`` / 1000 in turn and a ``BestCheckpoint`` writing ``name``."""
     net = nn.Dense(2, 2)
-    evaluator = BestCheckpointEvaluator(None, EvalShard(None), str(tmp_path / "net-best.ckpt"),
-                                        net)
+    evaluator = Evaluator(None, EvalShard(None), net)
     scores = iter(top1_counts)
     evaluator.count = lambda model, confusion=False: EvalCounts(next(scores), 990, 1000, 0.0)
-    return evaluator
+    return EvalKeepingBest(evaluator, BestCheckpoint(str(tmp_path / name)))
 
 
 def test_a_resumed_evaluator_keeps_the_best_of_the_checkpoint(tmp_path):
     # seen before the fix: best 0.510, then 0.477 after a resume overwrote the best file
-    evaluator = evaluator_scoring(tmp_path, [477, 530])
-    evaluator.restore({"top1": 0.51, "epoch": 2})
-    assert evaluator(3)["best_top1"] == 0.51
-    assert not os.path.exists(tmp_path / "net-best.ckpt")
-    assert evaluator.best_score() == {"top1": 0.51, "epoch": 2}
-    assert evaluator(4)["best_top1"] == 0.53 and os.path.exists(tmp_path / "net-best.ckpt")
-    assert evaluator.best_score() == {"top1": 0.53, "epoch": 4}
+    evaluate = evaluator_scoring(tmp_path, [477, 530, 530])
+    best, path = evaluate.best, tmp_path / "net-best.ckpt"
+    best.restore({"top1": 0.51, "epoch": 2})
+    assert evaluate(3)["best_top1"] == 0.51
+    assert not path.exists() and not best.is_new
+    assert best.score() == {"top1": 0.51, "epoch": 2}
+    assert evaluate(4)["best_top1"] == 0.53 and path.exists() and best.is_new
+    assert best.score() == {"top1": 0.53, "epoch": 4}
+    assert stored_best(read_checkpoint(str(path))) == {"top1": 0.53, "epoch": 4}
+    os.remove(path)
+    # a tie is no new best: the epoch stays, nothing is written
+    assert evaluate(5)["best_top1"] == 0.53 and not best.is_new and not path.exists()
+    assert best.score() == {"top1": 0.53, "epoch": 4}
 
 
 def test_a_fresh_evaluator_has_no_best_to_store(tmp_path):
-    evaluator = evaluator_scoring(tmp_path, [100])
-    evaluator.restore(None)
-    assert evaluator.best_score() is None
-    evaluator(1)
-    assert evaluator.best_score() == {"top1": 0.1, "epoch": 1}
+    evaluate = evaluator_scoring(tmp_path, [100])
+    evaluate.best.restore(None)
+    assert evaluate.best.score() is None
+    evaluate(1)
+    assert evaluate.best.score() == {"top1": 0.1, "epoch": 1}
+
+
+def test_a_resume_starts_from_the_higher_of_the_checkpoint_s_and_the_folder_s_best(tmp_path):
+    ours, folder = {"top1": 0.5, "epoch": 2}, {"top1": 0.6, "epoch": 3}
+    for stored, in_folder, expected in ((ours, folder, folder), (folder, ours, folder),
+                                        (ours, None, ours), (None, folder, folder),
+                                        (ours, {"top1": 0.5, "epoch": 3}, ours),
+                                        (None, None, None)):
+        best = BestCheckpoint(str(tmp_path / "net-best.ckpt"))
+        best.restore(stored, in_folder)
+        assert best.score() == expected, (stored, in_folder)
+
+
+def test_an_epoch_record_s_evaluation_keys_in_their_order(tmp_path):
+    # metrics.jsonl's records: the evaluator's numbers, best_top1, then eval_images
+    assert list(evaluator_scoring(tmp_path, [100])(1)) == [
+        "top1", "top5", "eval_loss", "best_top1", "eval_images"]
+
+
+def test_a_best_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
+    (tmp_path / "blocked-best.ckpt" / "keep").mkdir(parents=True)  # a folder in its place
+    evaluate = evaluator_scoring(tmp_path, [100, 200], "blocked-best.ckpt")
+    state = StepState()
+    monitor = TrainMonitor(state, np.zeros(10, np.float32), 8, 10, 100,
+                           str(tmp_path / "metrics.jsonl"), LOG, evaluate)
+    run = context(nn.Dense(2, 2))
+    monitor.on_train_begin(run)
+    monitor.on_train_epoch_begin(run)
+    for _ in range(10):
+        state.on_train_step_end(run)
+        monitor.on_train_step_end(run)
+    monitor.on_train_epoch_end(run)
+    assert monitor.error.startswith(f"cannot write the best checkpoint {tmp_path}")
+    assert state.failure == NOT_WRITTEN and run.get_stop_requested()  # train.py: exit 4
+    # recorded, not raised; no second attempt after a failure
+    (tmp_path / "blocked-best.ckpt" / "keep").rmdir()
+    (tmp_path / "blocked-best.ckpt").rmdir()
+    evaluate(2)
+    assert evaluate.best.score() == {"top1": 0.2, "epoch": 2}
+    assert not (tmp_path / "blocked-best.ckpt").exists()
 
 
 def test_a_step_save_on_an_epoch_s_last_step_waits_for_the_epoch_s_record(tmp_path):

@@ -804,7 +804,8 @@ def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_ran
     from mindspore.dataset import NumpySlicesDataset
     from mindspore.train import Model
 
-    from src.training.evaluator import BestCheckpointEvaluator, EvalShard
+    from src.training.best import BestCheckpoint
+    from src.training.evaluator import EvalShard, Evaluator
 
     ms.set_seed(0)
     net = nn.SequentialCell([nn.Dense(4, 3), nn.BatchNorm1d(3)])
@@ -827,7 +828,11 @@ def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_ran
     # (a second rank that counted the same)
     own_mean = net[1].moving_mean.asnumpy().copy()
     best = tmp_path / "net-best.ckpt"
-    result = BestCheckpointEvaluator(model, shard, str(best), net, write=False)()
+    evaluator = Evaluator(model, shard, net)
+    result = evaluator()
+    # every rank decides the same (the summed numbers), a rank other than 0 writes nothing
+    other_rank = BestCheckpoint(str(best), write=False)
+    assert other_rank.update(result, 1, evaluator.network(other_rank.metric))
     assert len(sent) == 2  # moving mean and variance: the non-trainable parameters
     np.testing.assert_array_equal(net[1].moving_mean.asnumpy(), own_mean)  # put back
     z = x[:7] @ net[0].weight.asnumpy().T + net[0].bias.asnumpy()
@@ -838,13 +843,15 @@ def test_the_evaluator_counts_its_own_images_with_rank0s_statistics_and_only_ran
     assert result["top1"] == hits.sum() / 7  # the 7 own rows (not the 3 padded ones)
     assert result["top5"] == 1.0  # 3 classes: top-3
     assert not best.exists()  # only the writing rank saves
+    assert other_rank.score() == {"top1": result["top1"], "epoch": 1}
     sent.clear()
-    BestCheckpointEvaluator(model, shard, str(best), net, write=True)()
-    assert best.exists()
+    rank0 = BestCheckpoint(str(best), write=True)
+    assert rank0.update(evaluator(), 1, evaluator.network(rank0.metric))
+    assert best.exists() and rank0.score() == other_rank.score()
     # a best checkpoint that cannot be written: recorded (the monitor stops training, in data
     # parallel after the ranks agree), not raised out of Model.train on rank 0 alone
     blocked = tmp_path / "blocked-best.ckpt"
     (blocked / "keep").mkdir(parents=True)
-    evaluator = BestCheckpointEvaluator(model, shard, str(blocked), net, write=True)
-    assert evaluator()["eval_images"] == 14
-    assert evaluator.error.startswith(f"cannot write the best checkpoint {blocked}: ")
+    blocked_best = BestCheckpoint(str(blocked), write=True)
+    assert blocked_best.update(evaluator(), 1, evaluator.network(blocked_best.metric))
+    assert blocked_best.error.startswith(f"cannot write the best checkpoint {blocked}: ")

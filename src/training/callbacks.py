@@ -1,7 +1,7 @@
 """Training callbacks: the per-step state and progress lines with the metrics file. The other
 callbacks have modules of their own: ``src.training.signals`` (stop signals),
-``src.training.saver`` (checkpoints); the evaluator that keeps the best checkpoint is
-``src.training.evaluator``.
+``src.training.saver`` (checkpoints); the evaluator is ``src.training.evaluator`` and the
+best checkpoint ``src.training.best``.
 
 ``Model.train`` calls callbacks in list order: ``StepState`` goes first, so the monitor and
 the saver read the step it has just classified (the loss is read from the device once).
@@ -303,7 +303,9 @@ class TrainMonitor(Callback):
         metrics_path (str, optional): JSON Lines file; None to write none (non-zero ranks).
         logger (logging.Logger): Where lines go.
         evaluator (callable, optional): ``evaluator(epoch) -> dict`` run after each
-            ``eval_interval`` epochs and after the last one.
+            ``eval_interval`` epochs and after the last one (train.py's is
+            ``src.training.best.EvalKeepingBest``); its ``error``, if it has one, says why the
+            best checkpoint could not be written.
         eval_interval (int): Epochs between evaluations.
         tracker (TensorBoardLog, optional): Also gets each progress line's values (tags
             ``train/loss``, ``train/lr``, ``train/img_per_s``, with loss scaling
@@ -314,7 +316,7 @@ class TrainMonitor(Callback):
         after_eval (callable, optional): ``after_eval(step, epoch)``, called after each
             evaluation's record is logged (the confusion-matrix picture at a new best).
 
-    A record, a log line or the evaluator's best checkpoint that cannot be written (disk full)
+    A record, a log line or the best checkpoint that cannot be written (disk full)
     stops training (``StepState.fail``): ``error`` says which file and why (train.py then
     exits 4 naming the last good checkpoint). Each record is
     written atomically (the file is rewritten through a temporary file), so a failed write

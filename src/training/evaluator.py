@@ -1,16 +1,15 @@
 """The evaluator run at the end of training epochs: top-1/top-5 and the mean eval loss of the
-live network (and of its weight EMA), keeping the checkpoint with the best top-1.
+live network (and of its weight EMA). The best checkpoint is ``src.training.best``'s.
 
 In data-parallel training every rank evaluates its own shard of the eval set and the counts
 (correct top-1, correct top-5, images; the loss sums) are summed over the ranks once the shards
-are done (no collective inside the eval graph), so every image counts exactly once, every rank
-computes the same top-1 and takes the same "best" decision, and only rank 0 writes the best
-checkpoint.
+are done (no collective inside the eval graph), so every image counts exactly once and every
+rank computes the same top-1 (so takes the same "best" decision; only rank 0 writes the best
+checkpoint).
 The ranks hold the same weights but their own BatchNorm statistics (each updates them from its
 own batches); they evaluate with rank 0's, the statistics of the checkpoints rank 0 writes, so
 the top-1 reported is that of the saved weights (``eval.py`` on them gives the same figure).
 """
-import json
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -20,7 +19,6 @@ import numpy as np
 from mindspore.train import Callback
 
 from src.data.pipeline import count_images, create_dataset
-from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
 from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks, sum_over_ranks
 
 
@@ -73,7 +71,7 @@ def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
         shard_id (int, optional): This rank.
 
     Returns:
-        EvalShard: For ``BestCheckpointEvaluator``.
+        EvalShard: For ``Evaluator``.
 
     Raises:
         RuntimeError: If the sharded dataset does not have the rows ``shard_rows`` expects
@@ -162,60 +160,43 @@ class TopKCounter(Callback):
         return EvalCounts(self.top1, self.topk, self.images, self.loss_sum, self.confusion)
 
 
-class BestCheckpointEvaluator:
-    """Evaluate the network being trained (and its weight EMA) on a dataset and keep the
-    checkpoint with the best top-1.
+class Evaluator:
+    """Evaluate the network being trained (and its weight EMA) on a dataset: top-1, top-5 and
+    the mean eval loss. Which evaluation is the best, and its checkpoint, is
+    ``src.training.best.BestCheckpoint``'s.
 
-    The best checkpoint holds the weights it was chosen on, under the network's parameter
-    names: the live ones, or the EMA's with ``best_on_ema``, and its score (``best_score``,
-    ``{"top1", "epoch"}``: a resumed run keeps the higher of it and its checkpoint's). In
-    data parallel (``shard`` with collectives) every rank must call the evaluator at the same
-    points: each evaluates its shard with rank 0's BatchNorm statistics (its own are put back
-    afterwards, so evaluating does not change training), the counts are summed over the
-    ranks, and only the process with ``write`` saves; a best checkpoint that cannot be written
-    is recorded in ``error`` (training then stops, ``TrainMonitor``).
+    In data parallel (``shard`` with collectives) every rank must call the evaluator at the
+    same points: each evaluates its shard with rank 0's BatchNorm statistics (its own are put
+    back afterwards, so evaluating does not change training) and the counts are summed over
+    the ranks, so every rank returns the same numbers.
 
     Args:
         model (mindspore.train.Model): Evaluates the live network; its eval network gives
             ``(loss, logits, label)``.
         shard (EvalShard): The eval set of this process (``eval_shard``).
-        best_path (str): Where the best checkpoint is written (atomically).
         net (nn.Cell): The network being trained.
         ema (WeightEma, optional): Its weight EMA (``src.training.train_step``).
         ema_model (mindspore.train.Model, optional): Evaluates a second network of the same
             architecture, into which the averages are copied before each evaluation.
-        best_on_ema (bool): Choose the best checkpoint by the EMA's top-1.
-        write (bool): Whether this process writes the best checkpoint (rank 0).
-        class_num (int, optional): K, needed with ``keep_confusion``.
-        keep_confusion (bool): Keep each evaluation's (K, K) confusion matrix of the network
-            the best is chosen on, in ``confusion`` (for TensorBoard's picture at the best);
-            every rank must pass the same value (the matrices are summed over the ranks).
+        class_num (int, optional): K, needed with ``confusion_of``.
+        confusion_of (str, optional): ``"top1"`` (the live network) or ``"ema_top1"`` (the
+            EMA's): keep that network's (K, K) confusion matrix of each evaluation in
+            ``confusion`` (for TensorBoard's picture at the best); None: none kept. Every
+            rank must pass the same value (the matrices are summed over the ranks).
     """
 
-    def __init__(self, model, shard, best_path, net, ema=None, ema_model=None,
-                 best_on_ema=False, write=True, class_num=None, keep_confusion=False):
-        self.model, self.shard, self.best_path, self.net = model, shard, best_path, net
-        self.class_num, self.keep_confusion = class_num, keep_confusion and class_num is not None
+    def __init__(self, model, shard, net, ema=None, ema_model=None, class_num=None,
+                 confusion_of=None):
+        self.model, self.shard, self.net = model, shard, net
+        self.class_num = class_num
+        self.confusion_of = confusion_of if class_num is not None else None
         self.confusion = None
         self.ema, self.ema_model = ema, ema_model
-        self.best_key = "ema_top1" if best_on_ema and ema is not None else "top1"
-        self.best_top1 = -1.0
-        self.best_epoch = None
-        self.write = write
-        self.error = None  # why the best checkpoint could not be written
 
-    def best_score(self):
-        """The best so far, for the training checkpoints: ``{"top1", "epoch"}``, or None
-        before the first evaluation."""
-        return (None if self.best_epoch is None
-                else {"top1": self.best_top1, "epoch": self.best_epoch})
-
-    def restore(self, best):
-        """Continue from a resumed checkpoint's best (``stored_best``; None: nothing yet), so
-        a worse evaluation after a resume does not replace the best checkpoint. Every rank
-        reads the same checkpoint, so every rank holds the same value."""
-        if best is not None:
-            self.best_top1, self.best_epoch = float(best["top1"]), int(best["epoch"])
+    def network(self, metric):
+        """The network ``metric`` measures: the live one for ``"top1"``, the one holding the
+        EMA's averages (as last evaluated) for ``"ema_top1"``."""
+        return self.ema_model.predict_network if metric == "ema_top1" else self.net
 
     def count(self, model, confusion=False):
         """``EvalCounts`` of ``model`` on this process's shard (with the confusion matrix if
@@ -265,16 +246,15 @@ class BestCheckpointEvaluator:
                 changed.append((param, mine))
         return changed
 
-    def __call__(self, epoch=None):
-        """Evaluate after ``epoch`` (1-based, recorded with the best); save if the chosen
-        top-1 improved. Returns {"top1", "top5", "eval_loss"[, "ema_top1", "ema_top5",
-        "ema_eval_loss"], "best_top1", "eval_images"} (over all ranks; the losses are means
-        per image). With ``keep_confusion``, ``confusion`` then holds the chosen network's
-        confusion matrix of this evaluation."""
-        on_ema = self.best_key == "ema_top1"
+    def __call__(self):
+        """Evaluate the network(s) as they are now. Returns
+        {"top1", "top5", "eval_loss"[, "ema_top1", "ema_top5", "ema_eval_loss"],
+        "eval_images"} (over all ranks; the losses are means per image). With
+        ``confusion_of``, ``confusion`` then holds that network's confusion matrix of this
+        evaluation."""
         changed = self.rank0_statistics(self.net)
         try:
-            runs = [self.count(self.model, self.keep_confusion and not on_ema)]
+            runs = [self.count(self.model, self.confusion_of == "top1")]
         finally:
             for param, value in changed:
                 param.set_data(ms.Tensor(value))
@@ -283,7 +263,7 @@ class BestCheckpointEvaluator:
             for param in self.ema_model.predict_network.get_parameters():
                 param.set_data(averages[param.name].value())
             self.rank0_statistics(self.ema_model.predict_network)
-            runs.append(self.count(self.ema_model, self.keep_confusion and on_ema))
+            runs.append(self.count(self.ema_model, self.confusion_of == "ema_top1"))
         runs = self.combine(runs)
         live, images = runs[0], runs[0].images
         result = {"top1": live.top1 / images, "top5": live.topk / images,
@@ -292,21 +272,5 @@ class BestCheckpointEvaluator:
             ema = runs[1]
             result.update(ema_top1=ema.top1 / images, ema_top5=ema.topk / images,
                           ema_eval_loss=ema.loss_sum / images)
-        self.confusion = runs[-1 if on_ema else 0].confusion
-        if result[self.best_key] > self.best_top1:  # the same numbers, so the same on each rank
-            self.best_top1, self.best_epoch = result[self.best_key], epoch
-            chosen = self.ema_model.predict_network if on_ema else self.net
-            if self.write and not self.error:  # with its score: a resume compares it
-                self.save_best(chosen)
-        return dict(result, best_top1=self.best_top1, eval_images=images)
-
-    def save_best(self, chosen):
-        """Write ``chosen`` with its score as the best checkpoint, atomically; a failure is
-        recorded in ``error`` (``TrainMonitor`` then stops training), not raised: in data
-        parallel the other ranks must learn of it in the ranks' agreement."""
-        try:
-            atomic_save_checkpoint(chosen, self.best_path,
-                                   {BEST_KEY: json.dumps(self.best_score())})
-        except (OSError, RuntimeError) as err:
-            self.error = (f"cannot write the best checkpoint {self.best_path}: "
-                          f"{str(err).splitlines()[0]}")
+        self.confusion = runs[-1 if self.confusion_of == "ema_top1" else 0].confusion
+        return dict(result, eval_images=images)

@@ -183,8 +183,8 @@ def restore_training_state(train_network, path, current=None, data=None):
 
     Returns:
         tuple(int, dict or None, dict or None): training steps already done, the stored run
-        config, and the best evaluation score so far (``stored_best``: the evaluator resumes
-        from it, so a worse evaluation does not replace the best checkpoint).
+        config, and the best evaluation score so far (``stored_best``: ``BestCheckpoint``
+        resumes from it, so a worse evaluation does not replace the best checkpoint).
 
     Raises:
         MissingFileError: If the file does not exist.
@@ -307,14 +307,6 @@ def folder_best(best_path):
                        "kept", best_path, str(err).splitlines()[0] or type(err).__name__)
         return None
     return best
-
-
-def higher_best(ours, other):
-    """The higher of two ``{"top1", "epoch"}`` scores (either may be None); ``ours`` on a
-    tie."""
-    if other is None or (ours is not None and float(ours["top1"]) >= float(other["top1"])):
-        return ours
-    return other
 
 
 def branch_files(output_dir, prefix, resume_path, step, steps_per_epoch, param_names,

@@ -57,9 +57,9 @@ class CheckpointSaver(Callback):
             oldest first.
         write (bool): Whether this process writes files (rank 0 in data parallel); every
             rank still stops on a signal.
-        best (callable, optional): ``best() -> dict or None``, the evaluator's best score so
-            far (``BestCheckpointEvaluator.best_score``), stored in every checkpoint so a
-            resumed run keeps it.
+        best (callable, optional): ``best() -> dict or None``, the best evaluation score so
+            far (``BestCheckpoint.score``), stored in every checkpoint so a resumed run keeps
+            it.
         train_data (str): The data trained on as JSON (``{"images", "steps_per_epoch"}``),
             stored in every checkpoint and checked on resume; empty: not stored.
 

@@ -4,7 +4,7 @@ Every ``.ckpt`` this package reads or writes goes through this module. Training 
 are named ModelZoo-style ``<net_name>-<epoch>_<step>.ckpt`` (1-based epoch, step within the
 epoch) and hold, besides the network: the optimizer's state, ``train_step`` (training steps
 done), ``run_config`` (the run's resolved config as JSON, checked on resume), ``best_score``
-(the evaluator's best so far; also in ``NET-best.ckpt``) and ``train_data`` (the training
+(the run's best evaluation so far; also in ``NET-best.ckpt``) and ``train_data`` (the training
 image count and steps per epoch, checked on resume). Checkpoints of
 other code bases whose ResNets hold the same tensors under other names (MindCV's) are renamed
 on loading (``SOURCE_LAYOUTS``).
@@ -32,7 +32,7 @@ from src.utils.hub import (
 CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
 CONFIG_KEY = "run_config"
-BEST_KEY = "best_score"  # the evaluator's best so far, JSON {"top1": float, "epoch": int}
+BEST_KEY = "best_score"  # the run's best evaluation so far, JSON {"top1": float, "epoch": int}
 DATA_KEY = "train_data"  # the data trained on, JSON {"images": int, "steps_per_epoch": int}
 METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
