@@ -29,6 +29,19 @@ def context(net):
                              net_outputs=ms.Tensor(np.float32(1.0))))
 
 
+def one_epoch(monitor, state, steps=10):
+    """Drive ``monitor`` through one epoch of ``steps`` steps as Model.train calls it; returns
+    the run context (its stop request tells whether training was asked to stop)."""
+    run = context(nn.Dense(2, 2))
+    monitor.on_train_begin(run)
+    monitor.on_train_epoch_begin(run)
+    for _ in range(steps):
+        state.on_train_step_end(run)
+        monitor.on_train_step_end(run)
+    monitor.on_train_epoch_end(run)
+    return run
+
+
 def test_every_training_checkpoint_stores_the_best_score_and_eval_ignores_it(tmp_path):
     net = nn.Dense(2, 2)
     state = StepState()
@@ -102,13 +115,7 @@ def test_a_best_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
     state = StepState()
     monitor = TrainMonitor(state, np.zeros(10, np.float32), 8, 10, 100,
                            str(tmp_path / "metrics.jsonl"), LOG, evaluate)
-    run = context(nn.Dense(2, 2))
-    monitor.on_train_begin(run)
-    monitor.on_train_epoch_begin(run)
-    for _ in range(10):
-        state.on_train_step_end(run)
-        monitor.on_train_step_end(run)
-    monitor.on_train_epoch_end(run)
+    run = one_epoch(monitor, state)
     assert monitor.error.startswith(f"cannot write the best checkpoint {tmp_path}")
     assert state.failure == NOT_WRITTEN and run.get_stop_requested()  # train.py: exit 4
     # recorded, not raised; no second attempt after a failure
@@ -151,12 +158,6 @@ def test_a_record_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch):
     state = StepState()
     monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 100,
                            str(tmp_path / "metrics.jsonl"), LOG)
-    run = context(nn.Dense(2, 2))
-    monitor.on_train_begin(run)
-    monitor.on_train_epoch_begin(run)
-    for _ in range(10):
-        state.on_train_step_end(run)
-        monitor.on_train_step_end(run)
-    monitor.on_train_epoch_end(run)
+    run = one_epoch(monitor, state)
     assert monitor.error.endswith("metrics.jsonl: No space left on device")
     assert run.get_stop_requested()
