@@ -15,7 +15,13 @@ from src.data.class_names import CIFAR10_CLASSES
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.sampling import balanced_class_weights, class_counts
-from src.data.split import checked_split, held_out_fraction, split_image_folder, training_labels
+from src.data.split import (
+    checked_split,
+    held_out_fraction,
+    read_split_file,
+    split_image_folder,
+    training_labels,
+)
 from src.models.freeze import set_trainable
 from src.models.resnet import create_network, last_feature_map_side
 from src.training.evaluator import Evaluator
@@ -461,7 +467,7 @@ def train_plan(cfg, data, sink_size):
                      run_dataset=partial(run_dataset, cfg, data))
 
 
-# ---- the val_split lists and class counts of a run ----
+# ---- the val_split lists and class counts of a run; eval.py's split_file ----
 
 def run_split(cfg, continues_here, write):
     """The ``val_split`` of the run, checked against the lists an earlier part of the same run
@@ -508,3 +514,20 @@ def record_run_images(cfg, continues_here, class_names, write, log, checked=None
     record_training_images(cfg.output_dir, cfg.data_path, class_names, log, split,
                            cfg.val_split, changed, write, for_eval=cfg.run_eval,
                            suggest_balance=cfg.class_balance == "none")
+
+
+def split_indices(cfg):
+    """eval.py's ``--split_file``: the positions of the images it lists in data_path's reader order
+    (``src.data.split.read_split_file``), None without one (every image).
+
+    Raises:
+        ConfigError: With dataset cifar10, or a file listing no image, paths twice or paths
+            that are not in data_path.
+        MissingFileError: If the file does not exist.
+    """
+    if not cfg.split_file:
+        return None
+    if cfg.dataset != "imagefolder":
+        raise ConfigError(f"split_file {cfg.split_file} needs dataset imagefolder, got "
+                          f"{cfg.dataset}")
+    return read_split_file(cfg.split_file, cfg.data_path)

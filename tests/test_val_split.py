@@ -245,10 +245,9 @@ def test_eval_split_file_evaluates_the_held_out_part_only(split_run, folder, mon
 
 
 def test_eval_refuses_a_split_file_for_cifar10_binaries(tmp_path):
-    evaluation = importlib.import_module("eval")
     cfg = parse_config(["--dataset", "cifar10", "--split_file", "v.txt", "--data_path", "x"])
     with pytest.raises(ConfigError, match="split_file v.txt needs dataset imagefolder"):
-        evaluation.split_indices(cfg)
+        recipe.split_indices(cfg)
 
 
 def test_a_resumed_run_refuses_a_changed_split(folder, tmp_path, caplog):
