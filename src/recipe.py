@@ -266,19 +266,18 @@ class FineTuning:
 
     Built once per run; called with the probe's ``Model`` (``src.training.loop.train_run``, or
     train.py for a run resumed after the switch).
+
+    Args:
+        cfg (Config): The resolved config (``trainable_layers``, ``freeze_bn``, fusion).
+        recipe (StepRecipe): The run's (``step_recipe``).
+        lr (numpy.ndarray): LR per optimizer step of the whole run.
+        probe_end (int): The switch step.
+        ema (WeightEma or None): The run's weight EMA.
+        device_num (int): Devices of the run.
+        log (logging.Logger): Gets the lines of what trains and of the switch.
     """
 
     def __init__(self, cfg, recipe, lr, probe_end, ema, device_num, log):
-        """
-        Args:
-            cfg (Config): The resolved config (``trainable_layers``, ``freeze_bn``, fusion).
-            recipe (StepRecipe): The run's (``step_recipe``).
-            lr (numpy.ndarray): LR per optimizer step of the whole run.
-            probe_end (int): The switch step.
-            ema (WeightEma or None): The run's weight EMA.
-            device_num (int): Devices of the run.
-            log (logging.Logger): Gets the lines of what trains and of the switch.
-        """
         self.cfg, self.recipe, self.lr, self.probe_end = cfg, recipe, lr, probe_end
         self.ema, self.device_num, self.log = ema, device_num, log
 
@@ -517,8 +516,8 @@ def record_run_images(cfg, continues_here, class_names, write, log, checked=None
 
 
 def split_indices(cfg):
-    """eval.py's ``--split_file``: the positions of the images it lists in data_path's reader order
-    (``src.data.split.read_split_file``), None without one (every image).
+    """eval.py's ``--split_file``: the positions of the images it lists in data_path's reader
+    order (``src.data.split.read_split_file``), None without one (every image).
 
     Raises:
         ConfigError: With dataset cifar10, or a file listing no image, paths twice or paths

@@ -16,7 +16,7 @@ from src.training.precision import loss_scale_setup
 from src.training.train_step import TrainStep, WeightEma
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: loss_kwargs may hold an array
 class StepRecipe:
     """What a ``TrainStep`` is built from besides the network, the LR and the EMA.
 
