@@ -40,11 +40,11 @@ import mindspore.nn as nn
 from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, create_dataset, image_folder_files
-from src.data.split import read_split_file
 from src.deploy.inference import check_runtime, load_predictor, model_runtime, onnx_of_network
 from src.deploy.report import ClassReport, plot_confusion
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
+from src.recipe import split_indices
 from src.training.loss import CrossEntropySmooth
 from src.training.model import classification_metrics
 from src.utils.checkpoint import pretrained_config
@@ -205,27 +205,10 @@ def main(argv=None):
     return 0
 
 
-def split_indices(cfg):
-    """``--split_file``: the positions of the images it lists in data_path's reader order
-    (``src.data.split.read_split_file``), None without one (every image).
-
-    Raises:
-        ConfigError: With dataset cifar10, or a file listing no image, paths twice or paths
-            that are not in data_path.
-        MissingFileError: If the file does not exist.
-    """
-    if not cfg.split_file:
-        return None
-    if cfg.dataset != "imagefolder":
-        raise ConfigError(f"split_file {cfg.split_file} needs dataset imagefolder, got "
-                          f"{cfg.dataset}")
-    return read_split_file(cfg.split_file, cfg.data_path)
-
-
 def class_report(cfg, indices=None):
     """An empty ``ClassReport`` of the eval data: class names from the class folders (the
     CIFAR-10 names for the binary format), images named by path (by index for CIFAR-10);
-    with ``indices`` (``split_indices``) those images only."""
+    with ``indices`` (``src.recipe.split_indices``) those images only."""
     if cfg.dataset == "imagefolder":
         files = image_folder_files(cfg.data_path)
         return ClassReport(cfg.class_num, class_names_of(cfg.data_path),

@@ -220,7 +220,7 @@ def main(argv=None):
     if cfg.dynamic_batch and cfg.file_format not in DYNAMIC_BATCH_FORMATS:
         raise ConfigError(f"dynamic_batch true needs file_format ONNX or MINDIR (got "
                           f"{cfg.file_format}): pass --dynamic_batch false for AIR")
-    check_quantize_config(cfg)
+    check_quantize_config(cfg.quantize, cfg.file_format, cfg.calibration_data_path)
     check_output_dir(os.path.dirname(os.path.abspath(cfg.file_name)), "file_name's folder")
     lock = lock_export(cfg)  # one export per file name at a time
     try:

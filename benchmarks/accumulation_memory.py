@@ -7,10 +7,10 @@
 adds its gradients to buffers, every k-th call steps the optimizer (as ``Model`` feeds it in
 train.py). Users turn accumulation on to fit a global batch in less memory; this measures
 whether it does. Every case runs in a fresh process that builds the train step as train.py
-does (``src.utils.config.parse_config`` then ``src.training.model.build_model``, fp32 as on
-CPU), runs one warmup optimizer step (compile) on a fixed random micro-batch and ``--steps``
-timed optimizer steps of k calls each (wall time, and the process's CPU time, less
-sensitive to a shared machine). Cases, at a fixed ``--global_batch`` G images per optimizer
+does (``src.utils.config.parse_config`` then ``src.recipe.training_model``, fp32 as on CPU),
+runs one warmup optimizer step (compile) on a fixed random micro-batch and ``--steps`` timed
+optimizer steps of k calls each (wall time, and the process's CPU time, less sensitive to a
+shared machine). Cases, at a fixed ``--global_batch`` G images per optimizer
 step:
 
 - ``accumulate k``: ``batch_size`` G / k, ``grad_accumulation_steps`` k: k calls of G / k
@@ -106,7 +106,7 @@ def run_worker(args):
     import numpy as np
 
     from src.models.resnet import create_network
-    from src.training.model import build_model
+    from src.recipe import training_model
     from src.utils.config import parse_config
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -115,7 +115,7 @@ def run_worker(args):
                         "--batch_size", str(batch_size), "--grad_accumulation_steps", str(k),
                         "--device_target", "CPU"])
     net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
-    step = build_model(cfg, net, 0.1, "O0")[0].train_network
+    step = training_model(cfg, net, 0.1, "O0")[0].train_network
     step.set_train(True)
     rng = np.random.default_rng(0)
     images = ms.Tensor(rng.standard_normal((batch_size, 3, args.image_size, args.image_size),

@@ -112,13 +112,14 @@ def random_batch(args):
 
 def ms_model(args):
     """``Model`` of a new network with config.yaml's training recipe (fp32, as on CPU), built
-    by train.py's ``build_model`` (``TrainStep``: loss, momentum, weight decay groups)."""
+    by train.py's ``src.recipe.training_model`` (``TrainStep``: loss, momentum, weight decay
+    groups)."""
     from src.models.resnet import create_network
-    from src.training.model import build_model
+    from src.recipe import training_model
     from src.utils.config import parse_config
     cfg = parse_config(["--net_name", args.net_name, "--class_num", str(args.class_num)])
     net = create_network(args.net_name, args.class_num)
-    return build_model(cfg, net, 0.1, "O0")[0]
+    return training_model(cfg, net, 0.1, "O0")[0]
 
 
 def ms_train_step(args):

@@ -219,8 +219,8 @@ def repeated_rows(rank, size):
 def drop_path_draws(rank):
     """The keep (1) / drop (0) draws of the first training step of train.py's network on
     ``rank`` with drop_path_rate 0.5 (every block with a rate, 8 images each)."""
+    from src.recipe import training_network
     from src.utils.config import parse_config
-    from train import training_network
     cfg = parse_config(["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
                         "--drop_path_rate", "0.5"])
     net = training_network(cfg, rank)

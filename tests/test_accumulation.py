@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from mindspore.train import Callback, RunContext
 
+from src.recipe import build_data, epoch_dataset
 from src.training.callbacks import OptimizerStepCallbacks, StepState
 from src.training.optimizer import create_optimizer
 from src.training.resume import restore_training_state
@@ -28,7 +29,6 @@ from src.training.train_step import TrainStep
 from src.utils.checkpoint import GRAD_ACCUM_PREFIX
 from src.utils.config import ConfigError, parse_config
 from tests.test_train_step import Small, batches, graph_mode  # noqa: F401  (autouse)
-from train import build_data, epoch_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "data", "cifar10_sample", "train")  # 1000 images, 10 classes

@@ -1,7 +1,7 @@
 """Which weights the best checkpoint holds (``best_on_ema``), and which files a resumed run may
 prune (``src.utils.checkpoint.own_checkpoints`` and ``prune``).
 
-``best_on_ema``: an ``Evaluator`` built as train.py's ``build_evaluator`` builds it (the live
+``best_on_ema``: an ``Evaluator`` built as ``src.recipe.build_evaluator`` builds it (the live
 network's Model, a second network of the same architecture for the EMA's averages,
 ``best_on_ema`` from the config), on a stand-in network (one Dense layer, a few 2-D points):
 it evaluates as a ResNet does (the eval cell of ``src.training.model``, top-1 counted by
@@ -16,7 +16,6 @@ sub-folders (an earlier run moved aside) or files of later steps.
 """
 import json
 import os
-from types import SimpleNamespace
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -67,11 +66,10 @@ def evaluator(tmp_path, best_on_ema):
     makes them: ``build_evaluator``'s ``Evaluator`` (the live network's Model, a second
     network of the same architecture for the averages, whose Model is ``eval_model``'s) and
     a ``BestCheckpoint``, composed by ``EvalKeepingBest``."""
-    cfg = SimpleNamespace(label_smoothing=0.1, class_num=2)
     net = StandIn()
     ema = WeightEma(net, 0.9)
-    model = eval_model(cfg, net, "O0")
-    ema_model = eval_model(cfg, StandIn(), "O0")
+    model = eval_model(net, "O0", 0.1, 2)
+    ema_model = eval_model(StandIn(), "O0", 0.1, 2)
     data = ds.NumpySlicesDataset({"image": POINTS, "label": LABELS}, shuffle=False).batch(3)
     best = str(tmp_path / "net-best.ckpt")
     return EvalKeepingBest(Evaluator(model, EvalShard(data), net, ema, ema_model),
@@ -124,14 +122,13 @@ def test_eval_loss_and_confusion_count_the_shard_s_own_images_over_the_ranks(tmp
     matrix counts their top-1 (row = true class). Two ranks are stood in for by collectives
     that double every sum: the same mean, twice the counts."""
     import torch
-    cfg = SimpleNamespace(label_smoothing=0.1, class_num=2)
     net = StandIn()
     set_weights({p.name: p for p in net.get_parameters()}, HALF)
     data = ds.NumpySlicesDataset({"image": POINTS, "label": LABELS}, shuffle=False).batch(3)
     double = {} if ranks == 1 else {"sum_over_ranks": lambda v: [2 * x for x in v],
                                     "broadcast": lambda arrays: arrays,
                                     "sum_arrays": lambda a: 2 * a}
-    run = Evaluator(eval_model(cfg, net, "O0"), EvalShard(data, 7, **double), net,
+    run = Evaluator(eval_model(net, "O0", 0.1, 2), EvalShard(data, 7, **double), net,
                     class_num=2, confusion_of="top1")
     result = run()
     logits = torch.from_numpy(POINTS[:7].astype(np.float64) @ HALF.T)

@@ -11,19 +11,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train
+from src import recipe
 from src.data.sampling import (
     EpochSampler,
     balanced_class_weights,
     balanced_sample_weights,
     class_count_summary,
 )
+from src.recipe import loss_class_weights
 from src.training.loss import (
     BinaryCrossEntropy,
     CrossEntropySmooth,
     SoftTargetCrossEntropy,
     create_loss,
-    loss_class_weights,
 )
 from src.utils.config import ConfigError, parse_config
 from tests.helpers import CIFAR_SAMPLE, copy_class_folders
@@ -142,7 +142,7 @@ def sampler_config(folder, *extra):
 
 
 def epoch_labels(cfg, data, epoch, skip=0):
-    dataset = train.epoch_dataset(cfg, epoch, skip, data)
+    dataset = recipe.epoch_dataset(cfg, epoch, skip, data)
     return [y.tolist() for _, y in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)]
 
 
@@ -150,7 +150,7 @@ def test_the_sampler_draws_every_class_equally_often(folder):
     """30 epochs of train.py's pipelines (26 images each: 20, 2, 4): each class about 1/3 of
     the draws; unweighted, airplane would be 77%."""
     cfg = sampler_config(folder)
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
     assert data.steps_per_epoch == 2  # an epoch draws as many images as it holds
     drawn = np.concatenate([np.ravel(epoch_labels(cfg, data, e)) for e in range(30)])
     frequencies = np.bincount(drawn, minlength=3) / len(drawn)
@@ -160,25 +160,25 @@ def test_the_sampler_draws_every_class_equally_often(folder):
 
 def test_the_sampler_order_is_a_function_of_seed_and_epoch(folder):
     cfg = sampler_config(folder)
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
     first = epoch_labels(cfg, data, 3)
     assert epoch_labels(cfg, data, 3) == first  # rebuilt: the same draws
     assert epoch_labels(cfg, data, 3, skip=1) == first[1:]  # a resume mid-epoch
     assert epoch_labels(cfg, data, 4) != first
     other = sampler_config(folder, "--seed", "2")
-    assert epoch_labels(other, train.build_data(other, 0, 1), 3) != first
+    assert epoch_labels(other, recipe.build_data(other, 0, 1), 3) != first
 
 
 def test_the_sink_mode_pipeline_draws_anew_every_epoch_and_resumes_exactly(folder):
     cfg = sampler_config(folder, "--val_split", "0.25")
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
 
     def epochs(dataset, count):
         it = dataset.create_tuple_iterator(num_epochs=cfg.epoch_size, output_numpy=True)
         return [[y.tolist() for _, y in it] for _ in range(count)]
 
-    uninterrupted = epochs(train.run_dataset(cfg, data), 3)
-    resumed = train.run_dataset(cfg, data)
+    uninterrupted = epochs(recipe.run_dataset(cfg, data), 3)
+    resumed = recipe.run_dataset(cfg, data)
     resumed.set_init_step(data.steps_per_epoch)
     assert epochs(resumed, 2) == uninterrupted[1:]
     assert uninterrupted[0] != uninterrupted[1] != uninterrupted[2]
@@ -208,14 +208,14 @@ def test_shards_split_one_draw(weighted):
 
 def test_data_parallel_with_the_sampler_builds_its_shard(folder):
     cfg = sampler_config(folder)
-    shards = [train.build_data(cfg, rank, 2) for rank in (0, 1)]
+    shards = [recipe.build_data(cfg, rank, 2) for rank in (0, 1)]
     assert [d.steps_per_epoch for d in shards] == [1, 1]  # 13 images per rank
 
 
 def test_class_balance_needs_class_folders():
     cfg = parse_config(["--data_path", "d", "--dataset", "cifar10", "--class_balance", "loss"])
     with pytest.raises(ConfigError, match="class_balance loss needs dataset imagefolder"):
-        train.check_train_config(cfg)
+        recipe.check_train_config(cfg)
     with pytest.raises(ConfigError, match="class_balance.*must be one of"):
         parse_config(["--class_balance", "weights"])
 

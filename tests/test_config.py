@@ -187,8 +187,7 @@ def test_last_feature_map_side_matches_the_network(image_size, side):
     import mindspore as ms
     import numpy as np
 
-    from src.models.resnet import create_network
-    from train import last_feature_map_side
+    from src.models.resnet import create_network, last_feature_map_side
     net = create_network("resnet18", 10)
     stem = ms.nn.SequentialCell([net.conv1, net.bn1, net.relu, net.maxpool, net.layer1,
                                  net.layer2, net.layer3, net.layer4])
@@ -198,7 +197,7 @@ def test_last_feature_map_side_matches_the_network(image_size, side):
 
 
 def test_one_value_per_channel_in_a_training_batchnorm_is_refused():
-    from train import check_train_config
+    from src.recipe import check_train_config
     cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--batch_size", "1"])
     with pytest.raises(ConfigError, match="batch_size 1 at train_image_size 32: the last "
                                           "stage's feature map is 1x1"):

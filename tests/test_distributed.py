@@ -703,8 +703,9 @@ def test_every_rank_exits_with_the_agreed_status_and_the_others_name_the_rank(ca
     checkpoint and exits 4 too; a non-finite loss on rank 1 makes rank 0 exit 3."""
     from types import SimpleNamespace
 
-    import train
     from src.training.callbacks import NONFINITE_LOSS, NOT_WRITTEN, StepState
+    from src.training.loop import EXIT_NONFINITE, EXIT_SAVE_FAILED, TrainCallbacks
+    from src.training.loop import finish as loop_finish
 
     def finish(rank, stopped_by, failure=None):
         state = StepState(start_step=8)
@@ -716,21 +717,21 @@ def test_every_rank_exits_with_the_agreed_status_and_the_others_name_the_rank(ca
             state.failure, saver.error = NOT_WRITTEN, failure
         stop = SimpleNamespace(received=None)
         caplog.clear()
-        status = train.finish(SimpleNamespace(state=state, saver=saver, monitor=monitor),
-                              stop, 100, "out", logging.getLogger("test"))
+        status = loop_finish(TrainCallbacks(state=state, saver=saver, monitor=monitor),
+                             stop, 100, "out", logging.getLogger("test"))
         return status, caplog.text
 
     with caplog.at_level(logging.INFO):
         status, text = finish(1, (0, NOT_WRITTEN, 8))
-        assert status == train.EXIT_SAVE_FAILED
+        assert status == EXIT_SAVE_FAILED
         assert "rank 0 stopped training (a file not written" in text
         assert "after global step 8; last good checkpoint: named by rank 0" in text
         status, text = finish(0, (0, NOT_WRITTEN, 8), "cannot write checkpoint x.ckpt")
-        assert status == train.EXIT_SAVE_FAILED and "rank 0 stopped" not in text
+        assert status == EXIT_SAVE_FAILED and "rank 0 stopped" not in text
         assert "stopped: cannot write checkpoint x.ckpt; last good checkpoint: " \
                "out/resnet18-1_6.ckpt" in text
         status, text = finish(0, (1, NONFINITE_LOSS, 3))
-        assert status == train.EXIT_NONFINITE
+        assert status == EXIT_NONFINITE
         assert "rank 1 stopped training (non-finite loss), every rank after global step 3; " \
                "last good checkpoint: out/resnet18-1_6.ckpt" in text
 

@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 import eval as eval_entry
 import export as export_entry
 import predict as predict_entry
-import train
+from src import recipe
 from src.data.pipeline import create_dataset
 from src.data.transforms import (
     IMAGENET_MEAN,
@@ -188,7 +188,7 @@ def test_untagged_images_train_on_the_same_crops(sample, cifar_small):
 def test_train_py_hands_the_key_to_both_pipelines(photos):
     cfg = parse_config(["--data_path", photos[0], "--class_num", "1", "--batch_size", "1",
                         "--exif_transpose", "true", "--num_parallel_workers", "1"])
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
     assert data.train_args["exif_transpose"] is True
     assert data.eval_args["exif_transpose"] is True
 

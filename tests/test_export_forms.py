@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import export
+from src.deploy.exporting import SUFFIXES, export_model
 from src.models.resnet import MaxPoolPad1, create_network
 from src.utils.cli import run_entry_point
 
@@ -21,7 +22,7 @@ def exported(monkeypatch):
         def write(net, *inputs, file_name, **kwargs):
             fmt = kwargs.get("file_format", file_format)
             calls.append((fmt, net.maxpool))
-            with open(file_name + export.SUFFIXES[fmt], "w") as f:
+            with open(file_name + SUFFIXES[fmt], "w") as f:
                 f.write("stand-in")  # for export.py's check that a file was written
         return write
     monkeypatch.setattr(ms, "export", record(None))
@@ -35,7 +36,7 @@ def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swap
     net = create_network("resnet18", 10)
     built = net.maxpool
     dummy = ms.Tensor(np.zeros((1, 3, 32, 32), np.float32))
-    export.export_model(net, dummy, "unused", file_format)
+    export_model(net, dummy, "unused", file_format)
     [(fmt, pool)] = exported
     assert fmt == file_format
     assert isinstance(pool, MaxPoolPad1) if swapped else pool is built

@@ -160,18 +160,18 @@ def test_out_of_range_values_are_named(key, value, expected):
 
 
 def test_a_linear_probe_as_long_as_the_run_is_refused():
-    import train
+    from src import recipe
     cfg = parse_config(["--data_path", "x", "--epoch_size", "2", "--linear_probe_epochs", "2"])
     with pytest.raises(ConfigError, match="linear_probe_epochs 2 leaves no epoch"):
-        train.check_train_config(cfg)
+        recipe.check_train_config(cfg)
 
 
 def test_frozen_batchnorm_allows_a_batch_of_one_at_32_px():
-    import train
+    from src import recipe
     cfg = parse_config(["--data_path", "x", "--batch_size", "1", "--train_image_size", "32"])
     with pytest.raises(ConfigError, match="freeze_bn true"):
-        train.check_train_config(cfg)
-    train.check_train_config(parse_config(["--data_path", "x", "--batch_size", "1",
+        recipe.check_train_config(cfg)
+    recipe.check_train_config(parse_config(["--data_path", "x", "--batch_size", "1",
                                            "--train_image_size", "32", "--freeze_bn", "true"]))
 
 
@@ -187,15 +187,15 @@ def test_lp_ft_full_phase_starts_at_the_switch_step_s_lr():
     its first step's LR is ``lr[switch]``, not the warmup's first value again."""
     import logging
 
-    from src.training.finetune import fine_tuning_model
-    from src.training.model import build_model
+    from src.recipe import FineTuning, step_recipe, training_model
     cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--epoch_size", "3",
                         "--linear_probe_epochs", "1", "--trainable_layers", "1",
                         "--ema_decay", "0"])
     lr = np.linspace(0.01, 0.3, 30, dtype=np.float32)
     net = create_network("resnet18", 10)
-    model, ema = build_model(cfg, net, lr, "O0")
-    tuned = fine_tuning_model(cfg, model, lr, 10, "O0", ema, 1, logging.getLogger("test"))
+    recipe = step_recipe(cfg, "O0")
+    model, ema = training_model(cfg, net, lr, "O0", recipe)
+    tuned = FineTuning(cfg, recipe, lr, 10, ema, 1, logging.getLogger("test"))(model)
     given = tuned.train_network.optimizer.learning_rate.learning_rate.asnumpy()
     np.testing.assert_array_equal(given, lr[10:])
     assert given[0] == np.float32(lr[10])

@@ -1,6 +1,7 @@
 """The package layout: ``src.env`` loads alone, imports go one way between the packages of
-``src/`` (entry points -> training / deploy -> data / models -> utils), no import cycles, and
-each package exports its ``create_*`` entry points."""
+``src/`` (entry points -> recipe -> training / deploy -> data / models -> utils), no import
+cycles, each package exports its ``create_*`` entry points, and only ``src/recipe.py`` (and the
+config module) below the entry points takes the config object."""
 import ast
 import os
 import subprocess
@@ -10,7 +11,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Layer of each package of src/: a module may import its own package and lower layers only.
-LAYERS = {"env": 0, "startup": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2}
+# ``recipe`` (src/recipe.py, the config's adapters) is the top floor: nothing in src/ imports it.
+LAYERS = {"env": 0, "startup": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2,
+          "recipe": 3}
+# Who may import src.recipe besides src/: the entry points, the benchmarks and the tests.
+RECIPE_USERS = ("train.py", "eval.py", "export.py", "predict.py", "benchmarks", "tests")
 
 
 def src_modules():
@@ -86,6 +91,53 @@ def test_a_module_importing_up_a_layer_is_found(tmp_path):
     fake.write_text("from src.training.loss import create_loss\n")
     assert layering_violations({"src.data.bad": str(fake)}) == [
         "src.data.bad -> src.training.loss"]
+
+
+def test_a_module_importing_the_recipe_is_found(tmp_path):
+    fake = tmp_path / "bad.py"
+    fake.write_text("def f():\n    from src.recipe import build_data\n")
+    assert layering_violations({"src.training.bad": str(fake)}) == [
+        "src.training.bad -> src.recipe"]
+
+
+def recipe_importers_outside(users=RECIPE_USERS):
+    """Python files of the repository outside src/ and ``users`` that import src.recipe."""
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("src", "__pycache__")]
+        for name in files:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, ROOT)
+            if (name.endswith(".py") and relative.split(os.sep)[0] not in users
+                    and "src.recipe" in src_imports(path)):
+                found.append(relative)
+    return found
+
+
+def test_only_entry_points_benchmarks_and_tests_import_the_recipe():
+    assert recipe_importers_outside() == []
+    assert os.path.join("tests", "test_sink_mode.py") in recipe_importers_outside(())  # found
+
+
+def config_takers(modules):
+    """``module.function`` of the functions in ``modules`` with a parameter named ``cfg``."""
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                if "cfg" in names:
+                    found.append(f"{module}.{node.name}")
+    return found
+
+
+def test_only_the_recipe_takes_the_config():
+    """Below the entry points, src/recipe.py (and the config module, which makes it) is the
+    one door of the config object: the library takes plain arguments."""
+    modules = src_modules()
+    others = {m: p for m, p in modules.items() if m not in ("src.recipe", "src.utils.config")}
+    assert config_takers(others) == []
+    assert "src.recipe.build_data" in config_takers({"src.recipe": modules["src.recipe"]})
 
 
 def test_no_import_cycles():

@@ -163,12 +163,12 @@ def test_mindcv_training_checkpoint_drops_its_state_and_keeps_its_ema(tmp_path, 
 def test_pre_trained_mindcv_checkpoint_into_another_class_count(mindcv_r18):
     """train.py --pre_trained: the classifier of another class count is dropped (names in our
     terms), everything else loads; strict loading names the mismatch."""
-    train = importlib.import_module("train")
+    from src import recipe
     from src.utils.config import parse_config
 
     cfg = parse_config([*QUICK, "--class_num", "7", "--pre_trained", mindcv_r18["path"]],
-                       description="test", sections=train.SECTIONS)
-    net = train.build_network(cfg, 1, logging.getLogger("test"))
+                       description="test", sections=recipe.TRAIN_SECTIONS)
+    net = recipe.build_network(cfg, 1, logging.getLogger("test"))
     assert net.stem_pool_pad_mode == "same"
     np.testing.assert_array_equal(net.layer4[1].bn2.moving_mean.asnumpy(),
                                   mindcv_r18["net"].layer4[1].bn2.moving_mean.asnumpy())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import src.data.pipeline as pipeline
-import train
+from src import recipe
 from src.data.augment import RandomErasing, auto_augment_ops
 from src.data.mixing import BatchMixer
 from src.utils.config import parse_config
@@ -47,9 +47,9 @@ def config(data_path, *extra):
 def epoch_batch(cfg, epoch):
     """The one batch of ``epoch`` as train.py builds it: ``build_data`` then ``epoch_dataset``;
     images and targets in label order (each label is one image)."""
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
     assert data.steps_per_epoch == 1
-    dataset = train.epoch_dataset(cfg, epoch, 0, data)
+    dataset = recipe.epoch_dataset(cfg, epoch, 0, data)
     batches = list(dataset.create_tuple_iterator(output_numpy=True))
     assert len(batches) == 1
     images, targets = batches[0]
@@ -128,13 +128,13 @@ def test_each_epoch_draws_its_own_augmentation(one_per_class):
 def mixers(monkeypatch):
     """The ``batch_transform`` each ``create_dataset`` call of train.py gets."""
     made = []
-    real = train.create_dataset
+    real = recipe.create_dataset
 
     def spy(*args, **kwargs):
         made.append(kwargs.get("batch_transform"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train, "create_dataset", spy)
+    monkeypatch.setattr(recipe, "create_dataset", spy)
     return made
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-import train
+from src import recipe
 from src.data.sampling import EpochSampler
 from src.training.resume import check_same_recipe, epoch_seed
 from src.utils.config import ConfigError, parse_config
@@ -154,9 +154,9 @@ def test_each_copy_of_an_image_is_augmented_on_its_own(one_image_per_class):
     3 copies of one image (one label, the sampler's order), and no two copies are the same
     tensor (each its own random crop and flip)."""
     cfg = ra_config(one_image_per_class)
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
     for epoch in (0, 1):
-        batches = list(train.epoch_dataset(cfg, epoch, 0, data).create_tuple_iterator(
+        batches = list(recipe.epoch_dataset(cfg, epoch, 0, data).create_tuple_iterator(
             num_epochs=1, output_numpy=True))
         expected = EpochSampler(np.arange(10), seed=epoch_seed(cfg.seed, epoch),
                                 repeats=3).shard_order(0)[:9]
@@ -173,16 +173,16 @@ def test_the_sink_mode_pipeline_repeats_anew_every_epoch_and_resumes_exactly(
     pass's list of copies (labels in threes), each epoch another, and a pipeline started at an
     epoch with ``set_init_step`` reads the same epochs from there."""
     cfg = ra_config(one_image_per_class)
-    data = train.build_data(cfg, 0, 1)
+    data = recipe.build_data(cfg, 0, 1)
 
     def epochs(dataset, count):
         it = dataset.create_tuple_iterator(num_epochs=cfg.epoch_size, output_numpy=True)
         return [[y.tolist() for _, y in it] for _ in range(count)]
 
-    uninterrupted = epochs(train.run_dataset(cfg, data), 3)
+    uninterrupted = epochs(recipe.run_dataset(cfg, data), 3)
     for epoch in uninterrupted:
         assert all(len(set(labels)) == 1 for labels in epoch)
-    resumed = train.run_dataset(cfg, data)
+    resumed = recipe.run_dataset(cfg, data)
     resumed.set_init_step(data.steps_per_epoch)
     assert epochs(resumed, 2) == uninterrupted[1:]
     assert uninterrupted[0] != uninterrupted[1] != uninterrupted[2]
@@ -193,11 +193,11 @@ def test_steps_per_epoch_are_the_cut_epoch_s(cifar_small):
     device, 5 per rank on 2), not 3 times as long, so the LR schedule, the checkpoints' steps
     per epoch and the progress lines count the cut epoch."""
     cfg = ra_config(cifar_small["train"], "--batch_size", "8")
-    assert train.build_data(cfg, 0, 1).steps_per_epoch == 10
-    assert [train.build_data(cfg, rank, 2).steps_per_epoch for rank in (0, 1)] == [5, 5]
+    assert recipe.build_data(cfg, 0, 1).steps_per_epoch == 10
+    assert [recipe.build_data(cfg, rank, 2).steps_per_epoch for rank in (0, 1)] == [5, 5]
     balanced = ra_config(cifar_small["train"], "--batch_size", "8", "--class_balance",
                          "sampler", "--val_split", "0.25")
-    assert train.build_data(balanced, 0, 2).steps_per_epoch == 3  # 60 images: 30 per rank
+    assert recipe.build_data(balanced, 0, 2).steps_per_epoch == 3  # 60 images: 30 per rank
 
 
 def test_aug_repeats_values_and_resume():

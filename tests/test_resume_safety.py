@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from src.training.loss import loss_class_weights
+from src.recipe import loss_class_weights
 from src.training.resume import MAY_DIFFER, check_same_recipe
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint, read_checkpoint, stored_best
 from src.utils.config import ConfigError, parse_config

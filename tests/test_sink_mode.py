@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from mindspore.train import RunContext
 
+from src.recipe import build_data, resolve_sink_size, run_dataset
 from src.training.callbacks import StepState, StopAtStep, TrainMonitor
+from src.training.loop import TrainCallbacks, TrainPlan, train_in_sink_calls, train_run
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.config import ConfigError, parse_config
-from train import build_data, resolve_sink_size, run_dataset, train_in_sink_calls, train_run
 
 
 def test_sink_size_per_device_and_setting():
@@ -85,22 +86,21 @@ def recording_run(start_step, accumulation=1):
     state = StepState(start_step, accumulation_steps=accumulation)
     built = []
 
-    def build(cfg, data):
+    def build():
         built.append(FakeDataset())
         return built[-1]
 
-    cbs = SimpleNamespace(state=state, saver=SimpleNamespace(error=None),
-                          monitor=SimpleNamespace(error=None), all=[state])
+    cbs = TrainCallbacks(state=state, saver=SimpleNamespace(error=None),
+                         monitor=SimpleNamespace(error=None), all=[state])
     return state, cbs, built, build
 
 
 def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4, accumulation=1):
     state, cbs, built, build = recording_run(start_step, accumulation)
     model = RecordingModel(state, steps_per_epoch, accumulation)
-    cfg = SimpleNamespace(epoch_size=epoch_size, grad_accumulation_steps=accumulation)
-    data = SimpleNamespace(steps_per_epoch=steps_per_epoch)
+    plan = TrainPlan(epoch_size, steps_per_epoch, accumulation, sink_size, run_dataset=build)
     stop = StopSignals(logging.getLogger("test"))
-    train_in_sink_calls(cfg, model, data, cbs, start_step, sink_size, stop, build_dataset=build)
+    train_in_sink_calls(model, cbs, plan, start_step, stop)
     return model.calls, built, state
 
 
@@ -145,10 +145,9 @@ def test_a_sink_mode_run_resumed_off_a_call_boundary_trains_the_head_step_by_ste
 def lp_ft_run(start_step, switch=20, sink_size=10, steps_per_epoch=10, epoch_size=4):
     state, cbs, built, build = recording_run(start_step)
     probe, tuned = RecordingModel(state, steps_per_epoch), RecordingModel(state, steps_per_epoch)
-    train_run(SimpleNamespace(epoch_size=epoch_size, grad_accumulation_steps=1), probe,
-              SimpleNamespace(steps_per_epoch=steps_per_epoch), cbs, start_step, sink_size,
-              StopSignals(logging.getLogger("test")), switch, lambda: tuned,
-              build_dataset=build)
+    plan = TrainPlan(epoch_size, steps_per_epoch, 1, sink_size, run_dataset=build)
+    train_run(probe, cbs, plan, start_step, StopSignals(logging.getLogger("test")), switch,
+              lambda model: tuned)
     return probe.calls, tuned.calls, built, state
 
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import mindspore as ms
 import numpy as np
@@ -152,28 +151,28 @@ def test_non_finite_parameters_are_not_saved_and_stop_the_run(tmp_path):
 
 
 def test_finish_exit_status_names_the_last_good_checkpoint(tmp_path, caplog):
-    import train
+    from src.training.loop import TrainCallbacks, finish
 
     state, stop = StepState(start_step=7), StopSignals(LOG)
     saver = CheckpointSaver(state, stop, str(tmp_path), "net", 10, 20)
     monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 1, None, LOG)
-    cbs = SimpleNamespace(state=state, saver=saver, monitor=monitor)
+    cbs = TrainCallbacks(state=state, saver=saver, monitor=monitor)
     saver.error, saver.last_saved = "cannot write checkpoint x: disk full", "net-1_6.ckpt"
     with caplog.at_level(logging.INFO):
-        assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 4
+        assert finish(cbs, stop, 20, str(tmp_path), LOG) == 4
     assert "last good checkpoint: net-1_6.ckpt" in caplog.text
     saver.error = None
     monitor.error = "cannot write metrics.jsonl: No space left on device"
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 4
+        assert finish(cbs, stop, 20, str(tmp_path), LOG) == 4
     assert "stopped: cannot write metrics.jsonl: No space left on device; last good " \
            "checkpoint: net-1_6.ckpt" in caplog.text
     monitor.error = None
     stop.received = "SIGTERM"
-    assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 143
+    assert finish(cbs, stop, 20, str(tmp_path), LOG) == 143
     state.global_step = 20  # the signal came after the last step: the run is complete
-    assert train.finish(cbs, stop, 20, str(tmp_path), LOG) == 0
+    assert finish(cbs, stop, 20, str(tmp_path), LOG) == 0
 
 
 def test_atomic_save_flushes_the_file_before_the_rename_and_the_folder_after(tmp_path,

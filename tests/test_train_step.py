@@ -189,15 +189,14 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("amp_level", ["O0", "O2"])
 def test_ema_evaluation_is_measured_as_the_live_network(amp_level):
-    """train.py's evaluation of the EMA weights uses build_model's evaluation cell: under O2
-    both cast the logits to float32 before loss and metrics."""
+    """train.py's evaluation of the EMA weights uses the training Model's evaluation cell:
+    under O2 both cast the logits to float32 before loss and metrics."""
     from src.models.resnet import create_network
-    from src.training.model import build_model
+    from src.recipe import build_evaluator, training_model
     from src.utils.config import parse_config
-    from train import build_evaluator
     cfg = parse_config(["--net_name", "resnet18", "--class_num", "10", "--ema_decay", "0.99"])
     net = create_network("resnet18", 10)
-    live, ema = build_model(cfg, net, 0.1, amp_level)
+    live, ema = training_model(cfg, net, 0.1, amp_level)
     evaluator = build_evaluator(cfg, live, net, ema, None, amp_level)
     for model in (live, evaluator.ema_model):
         assert isinstance(model._eval_network, nn.WithEvalCell)

@@ -9,13 +9,12 @@ import logging
 import os
 import re
 import shutil
-from types import SimpleNamespace
 
 import mindspore.dataset as ds
 import numpy as np
 import pytest
 
-import train
+from src import recipe
 from src.data.image_check import IMAGE_EXTENSIONS
 from src.data.pipeline import create_dataset, image_folder_files
 from src.data.split import (
@@ -26,7 +25,6 @@ from src.data.split import (
     stratified_split,
     write_split_files,
 )
-from src.training.finetune import record_training_images
 from src.utils.config import ConfigError, parse_config
 from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_entry, succeeded
 
@@ -137,27 +135,26 @@ def test_val_split_outside_0_1_is_a_config_error(value):
 def test_train_refuses_val_split_with_cifar10_or_a_split_file(extra, message):
     cfg = parse_config(["--data_path", "d", "--val_split", "0.2", *extra])
     with pytest.raises(ConfigError, match=message):
-        train.check_train_config(cfg)
+        recipe.check_train_config(cfg)
 
 
 def test_an_explicit_eval_data_path_wins_over_val_split(folder, caplog):
     cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--data_path", folder,
                         "--eval_data_path", folder, "--val_split", "0.25", "--class_num", "3",
                         "--batch_size", "4"])
-    train.check_train_config(cfg)  # not an error
-    data = train.build_data(cfg, 0, 1)
+    recipe.check_train_config(cfg)  # not an error
+    data = recipe.build_data(cfg, 0, 1)
     assert "indices" not in data.train_args and "indices" not in data.eval_args
-    run = SimpleNamespace(continues_here=False)
     with caplog.at_level(logging.INFO):
-        record_training_images(cfg, run, data.class_names, False, logging.getLogger("t"))
+        recipe.record_run_images(cfg, False, data.class_names, False, logging.getLogger("t"))
     assert "val_split 0.25 not applied: eval_data_path" in caplog.text
     assert "training images per class: 3 classes, 30 images" in caplog.text  # all of them
 
 
 def test_run_eval_needs_an_eval_folder_or_a_split():
     with pytest.raises(ConfigError, match="run_eval is true but eval_data_path is empty"):
-        train.check_train_config(parse_config(["--data_path", "d", "--run_eval", "true"]))
-    train.check_train_config(parse_config(["--data_path", "d", "--run_eval", "true",
+        recipe.check_train_config(parse_config(["--data_path", "d", "--run_eval", "true"]))
+    recipe.check_train_config(parse_config(["--data_path", "d", "--run_eval", "true",
                                            "--val_split", "0.1"]))
 
 
@@ -248,10 +245,9 @@ def test_eval_split_file_evaluates_the_held_out_part_only(split_run, folder, mon
 
 
 def test_eval_refuses_a_split_file_for_cifar10_binaries(tmp_path):
-    evaluation = importlib.import_module("eval")
     cfg = parse_config(["--dataset", "cifar10", "--split_file", "v.txt", "--data_path", "x"])
     with pytest.raises(ConfigError, match="split_file v.txt needs dataset imagefolder"):
-        evaluation.split_indices(cfg)
+        recipe.split_indices(cfg)
 
 
 def test_a_resumed_run_refuses_a_changed_split(folder, tmp_path, caplog):
@@ -260,8 +256,8 @@ def test_a_resumed_run_refuses_a_changed_split(folder, tmp_path, caplog):
     def record(seed, continues_here, *extra):
         cfg = parse_config(["--data_path", folder, "--val_split", "0.25", "--seed", str(seed),
                             "--output_dir", str(tmp_path), "--class_num", "3", *extra])
-        run = SimpleNamespace(continues_here=continues_here)
-        train.record_training_images(cfg, run, list(COUNTS), True, logging.getLogger("t"))
+        recipe.record_run_images(cfg, continues_here, list(COUNTS), True,
+                                 logging.getLogger("t"))
 
     record(1, False)
     first = (tmp_path / VAL_SPLIT_FILE).read_text()

@@ -59,7 +59,7 @@ def test_every_epoch_seed_is_a_dataset_seed(seed):
 
 
 def test_the_total_step_count_is_checked_before_the_lr_schedule(tmp_path):
-    import train
+    from src import recipe
     folder = copy_class_folders(f"{CIFAR_SAMPLE}/train", str(tmp_path / "data"), 4,
                                 classes=["cat", "dog"])
     cfg = parse_config(["--config_path", "configs/quick_start.yaml", "--data_path", folder,
@@ -67,7 +67,7 @@ def test_the_total_step_count_is_checked_before_the_lr_schedule(tmp_path):
                         "--epoch_size", "2147483647"])
     with pytest.raises(ConfigError, match=r"^epoch_size 2147483647 x 2 optimizer steps per "
                                           r"epoch = 4294967294 steps: more than 2147483647"):
-        train.build_data(cfg, 0, 1)
+        recipe.build_data(cfg, 0, 1)
 
 
 @pytest.mark.slow

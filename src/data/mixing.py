@@ -4,7 +4,7 @@ Run as the ``per_batch_map`` of ``mindspore.dataset`` batching, after the images
 normalized and in CHW layout::
 
     mixer = BatchMixer(mixup_alpha=0.2, cutmix_alpha=1.0, label_smoothing=0.1,
-                       class_num=1000, seed=epoch_seed(cfg.seed, epoch))
+                       class_num=1000, seed=epoch_seed(seed, epoch))
     data = data.batch(batch_size, drop_remainder=True, per_batch_map=mixer,
                       input_columns=["image", "label"], output_columns=["image", "label"])
 

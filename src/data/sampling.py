@@ -97,7 +97,7 @@ class EpochSampler(ds.Sampler):
     sampler.py``, vision commit 775e7604) default instead cuts every shard to
     ``floor(n // 256 * 256 / S)``, which is empty below 256 images. docs/data.md says why.
 
-    A pipeline rebuilt every epoch with the seed of the epoch (train.py's ``epoch_dataset``)
+    A pipeline rebuilt every epoch with the seed of the epoch (``src.recipe.epoch_dataset``)
     reads its first pass; one pipeline over the run (dataset sink mode) reads pass ``e`` in
     epoch ``e``. ``Dataset.set_init_step`` replays the passes it skips (MindSpore calls the
     sampler once per skipped epoch), so a run resumed there reads the same order.

@@ -52,6 +52,10 @@ class FolderSplit(NamedTuple):
         separated (``class_folder/file.jpg``), in the reader's order."""
         return [relative_path(self.files[i][0], data_path) for i in getattr(self, part)]
 
+    def train_labels(self):
+        """int64 labels of the training part, in the reader's order."""
+        return np.array([self.files[i][1] for i in self.train], np.int64)
+
 
 def relative_path(path, data_path):
     """``path`` relative to the class-folder root ``data_path``, with ``/`` separators."""
@@ -189,10 +193,18 @@ def read_split_file(split_file, data_path, key="split_file"):
     return np.sort(np.array([position[line] for line in lines], np.int64))
 
 
-def held_out_fraction(cfg):
-    """The fraction of each class of ``data_path`` held out for ``run_eval``: ``val_split``,
-    unless ``eval_data_path`` is given, which wins (every image of ``data_path`` trains)."""
-    return 0.0 if cfg.eval_data_path else cfg.val_split
+def held_out_fraction(val_split, eval_data_path):
+    """The fraction of each class of ``data_path`` held out for ``run_eval``.
+
+    Args:
+        val_split (float): The configured ``val_split``, in [0, 1).
+        eval_data_path (str): The configured ``eval_data_path`` ("" if none).
+
+    Returns:
+        float: ``val_split``, or 0.0 when ``eval_data_path`` is given (it wins: every image
+        of ``data_path`` trains).
+    """
+    return 0.0 if eval_data_path else val_split
 
 
 def training_labels(data_path, val_split, seed):
@@ -206,8 +218,7 @@ def training_labels(data_path, val_split, seed):
         ConfigError: As ``split_image_folder``.
     """
     if val_split:
-        split = split_image_folder(data_path, val_split, seed)
-        return np.array([split.files[i][1] for i in split.train], np.int64)
+        return split_image_folder(data_path, val_split, seed).train_labels()
     return np.array([label for _, label in image_folder_files(data_path)], np.int64)
 
 
@@ -227,3 +238,39 @@ def changed_split_files(output_dir, data_path, split):
                 if f.read().splitlines() != split.relative_paths(data_path, part):
                     changed.append(name)
     return changed
+
+
+def checked_split(data_path, val_split, seed, output_dir="", compare=False, allow_change=False):
+    """The ``val_split`` of a run (``split_image_folder``), checked against the lists an earlier
+    part of the same run wrote into ``output_dir`` (a resumed run whose split changed would
+    train on images it held out before). A check only: nothing is written.
+
+    Args:
+        data_path (str): The class-folder root.
+        val_split (float): The fraction held out (``held_out_fraction``); 0 = no split.
+        seed (int): The run's seed.
+        output_dir (str): The run's folder, holding the earlier lists (if ``compare``).
+        compare (bool): Compare with the lists in ``output_dir`` (the process that writes
+            the run's files, continuing a run of that folder).
+        allow_change (bool): A changed split is returned instead of refused
+            (``resume_ignore_config``).
+
+    Returns:
+        tuple: ``(split, changed)``: the ``FolderSplit`` (None for ``val_split`` 0) and the
+        names of the lists it changes.
+
+    Raises:
+        ConfigError: If the split changed, unless ``allow_change``; as ``split_image_folder``.
+    """
+    if not val_split:
+        return None, []
+    split = split_image_folder(data_path, val_split, seed)
+    changed = changed_split_files(output_dir, data_path, split) if compare else []
+    if changed and not allow_change:
+        raise ConfigError(f"val_split {val_split} with seed {seed} now splits "
+                          f"data_path {data_path} otherwise than {', '.join(changed)} "
+                          f"in {output_dir}, written when this run started (another "
+                          f"seed, or files added or removed): resuming would train on "
+                          f"images held out before. Use the run's seed and data, or "
+                          f"--resume_ignore_config true to resume with the new split")
+    return split, changed

@@ -98,7 +98,7 @@ def model_card(repo_name, config, source, run_config=None, eval_result=None,
     Returns:
         str: Markdown.
     """
-    arch, pcfg = config["architecture"], config["pretrained_cfg"]
+    arch, preprocessing = config["architecture"], config["pretrained_cfg"]
     origin = ("trained with MindSpore (this package) and exported" if run_config
               else "exported with this MindSpore package")
     lines = ["---", "tags:", "- image-classification", "- timm", "- mindspore",
@@ -122,9 +122,10 @@ def model_card(repo_name, config, source, run_config=None, eval_result=None,
                      f" (eval.py, {eval_result.get('runtime', 'mindspore')}).")
     else:
         lines.append("No eval_result.json was found beside the checkpoint.")
-    size = pcfg["input_size"][-1]
+    size = preprocessing["input_size"][-1]
+    resize = math.floor(size / preprocessing["crop_pct"])
     lines += ["", f"Preprocessing: resize the shorter side to "
-                  f"{math.floor(size / pcfg['crop_pct'])} px ({pcfg['interpolation']}), center "
+                  f"{resize} px ({preprocessing['interpolation']}), center "
                   f"crop {size} px, ImageNet mean/std normalization of 0-1 RGB pixels.", "",
               "## Use", "", "MindSpore (this package):", "", "```bash",
               f"python predict.py --checkpoint_path {repo_name} --image_path photo.jpg",

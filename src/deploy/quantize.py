@@ -49,11 +49,13 @@ from src.utils.progress import Progress
 LOGGER = logging.getLogger(__name__)
 
 
-def check_quantize_config(cfg):
+def check_quantize_config(quantize, file_format, calibration_data_path):
     """Check the export keys of an int8 export before any slow work.
 
     Args:
-        cfg (Config): ``quantize``, ``file_format`` and ``calibration_data_path``.
+        quantize (str): ``none`` or ``int8``.
+        file_format (str): The export format (``ONNX``, ``MINDIR``, ...).
+        calibration_data_path (str): Class folders of calibration images ("" if none).
 
     Raises:
         ConfigError: If ``quantize`` is ``int8`` with a ``file_format`` other than ONNX, or
@@ -62,16 +64,16 @@ def check_quantize_config(cfg):
         ImportError: If ONNX Runtime's quantization tools cannot be imported (names what to
             install).
     """
-    if cfg.quantize != "int8":
+    if quantize != "int8":
         return
-    if cfg.file_format != "ONNX":
-        raise ConfigError(f"quantize int8 needs file_format ONNX (got {cfg.file_format}): "
+    if file_format != "ONNX":
+        raise ConfigError(f"quantize int8 needs file_format ONNX (got {file_format}): "
                           f"ONNX Runtime quantizes ONNX graphs only; pass --file_format ONNX")
-    if not cfg.calibration_data_path:
+    if not calibration_data_path:
         raise ConfigError("calibration_data_path is empty: quantize int8 needs "
                           "--calibration_data_path, class folders of real training images")
-    if not os.path.isdir(cfg.calibration_data_path):
-        raise MissingFileError(f"calibration_data_path {cfg.calibration_data_path!r} is not a "
+    if not os.path.isdir(calibration_data_path):
+        raise MissingFileError(f"calibration_data_path {calibration_data_path!r} is not a "
                                f"folder: give class folders of real training images")
     _import_quantization()  # before the slow export: a missing package fails at once
 

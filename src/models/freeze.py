@@ -15,11 +15,14 @@ no weight decay.
 import mindspore as ms
 import mindspore.nn as nn
 
+from src.utils.device import apply_fusion_config
+
 #: torchvision's order: the first ``trainable_layers`` of these train (5 = all, with ``bn1``).
 STAGES_LAST_FIRST = ("layer4", "layer3", "layer2", "layer1", "conv1")
 #: The classifier: always trains.
 HEAD = "fc"
-#: Most stages that can train (``trainable_layers`` is in 0..MAX_TRAINABLE_LAYERS).
+#: Most stages that can train (``trainable_layers`` is in 0..MAX_TRAINABLE_LAYERS; the config
+#: check, ``src.utils.config.check_values``, refuses other values).
 MAX_TRAINABLE_LAYERS = len(STAGES_LAST_FIRST)
 
 
@@ -32,13 +35,7 @@ def trainable_stages(trainable_layers):
 
     Returns:
         tuple[str]: Names of top-level cells of ``ResNet`` (``fc`` first).
-
-    Raises:
-        ValueError: If ``trainable_layers`` is not in 0..5.
     """
-    if not 0 <= trainable_layers <= MAX_TRAINABLE_LAYERS:
-        raise ValueError(f"trainable_layers must be in 0..{MAX_TRAINABLE_LAYERS}, got "
-                         f"{trainable_layers}")
     stages = list(STAGES_LAST_FIRST[:trainable_layers])
     if trainable_layers == MAX_TRAINABLE_LAYERS:
         stages.append("bn1")
@@ -81,9 +78,6 @@ def set_trainable_layers(net, trainable_layers, freeze_bn=False):
 
     Returns:
         int: Number of parameter tensors frozen (running statistics not counted).
-
-    Raises:
-        ValueError: If ``trainable_layers`` is not in 0..5.
     """
     keep = trainable_stages(trainable_layers)
     frozen = 0
@@ -125,3 +119,32 @@ def count_parameters(params):
             size *= dim
         total += size
     return total
+
+
+def set_trainable(net, trainable_layers, freeze_bn, log, device_num=1, fusion_config=(),
+                  net_name=""):
+    """Set which stages of ``net`` train (``set_trainable_layers``), log how many parameters
+    train, and in data parallel fuse the gradient all-reduce over the tensors that train
+    (``src.utils.device.apply_fusion_config``).
+
+    Args:
+        net (ResNet): A network of ``src.models.resnet``, not yet wrapped.
+        trainable_layers (int): 0..5, as ``trainable_stages``.
+        freeze_bn (bool): Every BatchNorm layer keeps its running statistics.
+        log (logging.Logger): Gets the line of what trains (and of the fusion groups).
+        device_num (int): Devices of the run; above 1 the all-reduce fusion is set.
+        fusion_config (sequence[int]): The explicit split points of the fused all-reduce
+            (``all_reduce_fusion_config``; empty: derived from the trainable tensors).
+        net_name (str): For the fusion check's message.
+    """
+    set_trainable_layers(net, trainable_layers, freeze_bn)
+    params = net.trainable_params()
+    everything = [p for p in net.get_parameters() if not never_trains(p)]
+    log.info("trainable_layers %d%s: %d of %d parameters train (%d of %d tensors)",
+             trainable_layers, ", BatchNorm frozen" if freeze_bn else "",
+             count_parameters(params), count_parameters(everything), len(params),
+             len(everything))
+    if device_num > 1:
+        fusion = apply_fusion_config(list(fusion_config), len(params), net_name)
+        log.info("gradient all-reduce fused in groups split at %s of %d trainable tensors",
+                 fusion, len(params))

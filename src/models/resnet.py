@@ -548,3 +548,13 @@ def create_network(net_name, class_num=1000, zero_init_residual=False, device_ta
     net = ResNet(block, list(layers), class_num, zero_init_residual, stem_pool_pad_mode,
                  drop_path_rate, drop_path_seed, shard_id)
     return net if device_target is None else use_device_max_pool(net, device_target)
+
+
+def last_feature_map_side(image_size):
+    """Side in pixels of ResNet's last feature map (``layer4``) for square inputs of
+    ``image_size`` pixels: the stem convolution, the max-pool and ``layer2``-``layer4`` each
+    halve it, rounding up (stride 2, "same"-like padding)."""
+    side = image_size
+    for _ in range(5):
+        side = -(-side // 2)
+    return side

@@ -1,6 +1,6 @@
 """Training: the train step (loss scaling, accumulation, clipping, EMA), the training ``Model``
-built from a config, loss, optimizer, LR schedules, precision, callbacks, evaluation during
-training, resume and the run's output folder.
+built from plain arguments, loss, optimizer, LR schedules, precision, callbacks, evaluation
+during training, the training loop, resume and the run's output folder.
 
 Entry points: ``create_loss``, ``create_optimizer``, ``create_lr``, ``build_model``.
 """

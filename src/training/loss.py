@@ -1,10 +1,11 @@
 """Training losses: label-smoothing cross-entropy (PyTorch convention), soft-target
 cross-entropy and binary cross-entropy (timm), and ``create_loss`` to pick one by name.
 
-Every loss takes optional per-class weights (``class_balance loss``: ``loss_class_weights``,
-scikit-learn's "balanced" weights of the training images), applied as PyTorch applies its
-``weight`` argument: ``cross_entropy(weight=w, label_smoothing=eps)`` for hard labels (each
-target column weighted, the mean divided by the sum of the batch's label weights),
+Every loss takes optional per-class weights (``class_balance loss``:
+``src.recipe.loss_class_weights``, scikit-learn's "balanced" weights of the training images),
+applied as PyTorch applies its ``weight`` argument: ``cross_entropy(weight=w,
+label_smoothing=eps)`` for hard labels (each target column weighted, the mean divided by the
+sum of the batch's label weights),
 ``cross_entropy(weight=w)`` with probability targets for soft ones (each target column
 weighted, the mean over the batch) and ``BCEWithLogitsLoss(weight=w)`` for binary
 cross-entropy (each class column weighted, the mean over all elements).
@@ -13,9 +14,6 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
-
-from src.data.sampling import balanced_class_weights, class_counts
-from src.data.split import held_out_fraction, training_labels
 
 
 def smoothed_one_hot_values(smooth_factor, class_num):
@@ -239,33 +237,6 @@ LOSSES = {"ce": _make_ce, "bce": _make_bce}
 class_weights)``."""
 
 
-def loss_class_weights(cfg):
-    """The class weights of ``class_balance loss``: scikit-learn's "balanced" weights
-    ``n / (K * count_c)`` (``src.data.sampling.balanced_class_weights``) of the images the
-    run trains on (``data_path``, without the part ``val_split`` holds out: none when
-    ``eval_data_path`` is given, ``held_out_fraction``); None for the
-    other ``class_balance`` values. ``benchmark_steps`` reads no data: weights of 1 (the same
-    ops, the same cost).
-
-    Args:
-        cfg (Config): ``class_balance``, ``class_num``, ``data_path``, ``val_split``,
-            ``eval_data_path``, ``seed``, ``benchmark_steps``.
-
-    Returns:
-        numpy.ndarray or None: float32 (class_num,).
-
-    Raises:
-        ConfigError: As ``src.data.split.split_image_folder``.
-        ValueError: If a class has no training image (``class_num`` above the folder's).
-    """
-    if cfg.class_balance != "loss":
-        return None
-    if cfg.benchmark_steps:
-        return np.ones(cfg.class_num, np.float32)
-    labels = training_labels(cfg.data_path, held_out_fraction(cfg), cfg.seed)
-    return balanced_class_weights(class_counts(labels, cfg.class_num))
-
-
 def create_loss(loss, label_smoothing, class_num, bce_target_threshold=0.0, soft_targets=False,
                 class_weights=None):
     """The training loss by name.
@@ -285,7 +256,8 @@ def create_loss(loss, label_smoothing, class_num, bce_target_threshold=0.0, soft
         soft_targets (bool): The label column holds float32 (N, K) soft targets (the batch
             mixer is on) instead of int32 (N,) class indices. Default False.
         class_weights (array-like, optional): float (K,) positive weight of each class
-            (``loss_class_weights``), as the module docstring says; None (default): none.
+            (``src.recipe.loss_class_weights``), as the module docstring says; None (default):
+            none.
 
     Returns:
         mindspore.nn.LossBase: The loss cell, ``(logits, label) -> float32 scalar``.

@@ -9,7 +9,8 @@ import os
 import socket
 import time
 
-from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE
+from src.data.sampling import class_count_summary, class_counts
+from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE, training_labels, write_split_files
 from src.utils.errors import OutputDirError, WriteError
 from src.utils.files import atomic_write_text
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
@@ -20,6 +21,7 @@ RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt", TRAIN_SPLIT
 """Files (and the TensorBoard events' folder) a run writes besides its checkpoints
 (``*.ckpt``); moved with them."""
 MOVED_PREFIX = "previous_run_"
+IMBALANCE_WARNING = 10  # largest / smallest class count above which a warning is logged
 LOCK_FILE = ".run.lock"
 """Held (``flock``) by the run writing to the folder; names its host and process id. Never
 moved by ``--overwrite``."""
@@ -268,3 +270,46 @@ class OutputDirLock(FileLock):
             raise OutputDirError(f"cannot create output_dir {self.output_dir}: "
                                  f"{err.strerror or err}") from err
         return super().acquire()
+
+
+def record_training_images(output_dir, data_path, class_names, log, split=None, val_split=0.0,
+                           changed=(), write=True, for_eval=False, suggest_balance=False):
+    """The training images of a class-folder run, in the log and the output folder: with a
+    ``val_split`` (``split``) the two parts' file lists written into ``output_dir`` (if
+    ``write``: ``TRAIN_SPLIT_FILE`` and ``VAL_SPLIT_FILE``) and a line of their sizes; then the
+    training images per class (one line; a warning when the largest class has more than
+    ``IMBALANCE_WARNING`` times the images of the smallest).
+
+    Args:
+        output_dir (str): The run's folder.
+        data_path (str): The class-folder root.
+        class_names (list[str]): The class names, in label order.
+        log (logging.Logger): Gets the lines.
+        split (FolderSplit, optional): The run's split (``src.data.split.checked_split``);
+            None: every image trains.
+        val_split (float): The fraction ``split`` holds out (for the log line).
+        changed (sequence[str]): The lists the split changes (a warning names them).
+        write (bool): This process writes the run's files (rank 0).
+        for_eval (bool): The held-out part is evaluated (``run_eval``; said in the line).
+        suggest_balance (bool): The imbalance warning suggests ``class_balance``.
+
+    Raises:
+        WriteError: If a list cannot be written.
+    """
+    if split is not None:
+        if changed:
+            log.warning("resume_ignore_config: the split changed; %s rewritten",
+                        ", ".join(changed))
+        if write:
+            write_split_files(output_dir, data_path, split)
+        log.info("val_split %g: %d images train, %d held out%s (lists: %s, %s)",
+                 val_split, len(split.train), len(split.val),
+                 " for run_eval" if for_eval else "", TRAIN_SPLIT_FILE, VAL_SPLIT_FILE)
+    labels = split.train_labels() if split is not None else training_labels(data_path, 0, 0)
+    counts = class_counts(labels, len(class_names))
+    line, ratio = class_count_summary(counts, class_names)
+    log.info("training images per class: %s", line)
+    if ratio > IMBALANCE_WARNING:
+        log.warning("unbalanced classes: the largest has %.1f times the images of the smallest"
+                    "%s", ratio, "; class_balance sampler or loss evens them out"
+                    if suggest_balance else "")

@@ -304,16 +304,16 @@ def pretrained_eval_settings(weights):
             (the pipeline normalizes with ImageNet's) or an interpolation not in
             ``INTERPOLATIONS``.
     """
-    cfg = weights.pretrained_cfg
+    info = weights.pretrained_cfg
     for key, expected in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
-        if key in cfg and not np.allclose(cfg[key], expected, rtol=0, atol=1e-6):
+        if key in info and not np.allclose(info[key], expected, rtol=0, atol=1e-6):
             raise PretrainedMismatchError(
-                f"{weights.source} expects images normalized with {key} {cfg[key]}, but this "
+                f"{weights.source} expects images normalized with {key} {info[key]}, but this "
                 f"package normalizes with ImageNet's {key} {list(expected)}: these weights "
                 f"would be evaluated on wrongly normalized images")
     settings = {}
-    size = cfg.get("test_input_size") or cfg.get("input_size")
-    crop_pct = cfg.get("test_crop_pct") or cfg.get("crop_pct")
+    size = info.get("test_input_size") or info.get("input_size")
+    crop_pct = info.get("test_crop_pct") or info.get("crop_pct")
     if size:
         if len(size) != 3 or size[1] != size[2]:
             raise PretrainedMismatchError(f"{weights.source}: input size {size} is not square "
@@ -321,7 +321,7 @@ def pretrained_eval_settings(weights):
         settings["eval_image_size"] = int(size[-1])
         if crop_pct:
             settings["eval_resize"] = int(math.floor(size[-1] / crop_pct))
-    interpolation = cfg.get("interpolation")
+    interpolation = info.get("interpolation")
     if interpolation:
         if interpolation not in INTERPOLATIONS:
             raise PretrainedMismatchError(
