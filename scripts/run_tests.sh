@@ -11,4 +11,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh requirements.txt requirements-dev.txt
 python -m ruff check .
-python -m pytest -q "$@"
+# Two worker processes (pytest-xdist), each test file on one of them: a file's module fixtures
+# are built once. TEST_WORKERS=0 runs everything in this process (e.g. with -s to see prints).
+python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

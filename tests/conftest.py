@@ -7,11 +7,13 @@ has the data and must run them all.
 """
 import gc
 import glob
+import json
 import os
 import re
 import sys
 
 import pytest
+from filelock import FileLock
 
 from src.env import set_cpu_fast_path
 from tests.helpers import (
@@ -70,17 +72,29 @@ def cifar_small(tmp_path_factory):
                                        str(root / "test"), 3)}
 
 
-@pytest.fixture(scope="session")
-def quick_start(tmp_path_factory):
-    """The quick start's training run: train.py with ``configs/quick_start.yaml`` (ResNet-18,
-    8 epochs on the shipped CIFAR-10 sample), as ``scripts/run_quick_start.sh`` runs it, into
-    a temporary folder. Trained weights for the tests that need a network above chance.
+def shared_between_workers(tmp_path_factory, name, build):
+    """What ``build(folder)`` returns for a new folder ``name``, built once per test session
+    however many pytest-xdist workers run it (``scripts/run_tests.sh`` starts two): the first
+    worker to ask builds it under a file lock in the session's temporary root, the others wait
+    for it and read the result back (JSON). Without xdist, one process: built in place.
 
     Returns:
-        dict: ``out`` (the output folder) and ``ckpt`` (its newest checkpoint, the one the
-        quick start script evaluates).
+        The JSON value ``build`` returned.
     """
-    out = str(tmp_path_factory.mktemp("quick_start"))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build(str(tmp_path_factory.mktemp(name)))
+    root = tmp_path_factory.getbasetemp().parent  # shared by the session's workers
+    result = root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not result.is_file():
+            folder = root / name
+            folder.mkdir()
+            result.write_text(json.dumps(build(str(folder))))
+    return json.loads(result.read_text())
+
+
+def train_quick_start(out):
+    """train.py with ``configs/quick_start.yaml`` into ``out``; returns ``quick_start``'s dict."""
     result = run_entry("train.py", "--config_path", "configs/quick_start.yaml", "--output_dir",
                        out, timeout=1800)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -91,3 +105,17 @@ def quick_start(tmp_path_factory):
             steps[path] = (int(match.group(1)), int(match.group(2)))
     assert steps, f"the quick start wrote no checkpoint in {out}"
     return {"out": out, "ckpt": max(steps, key=steps.get)}
+
+
+@pytest.fixture(scope="session")
+def quick_start(tmp_path_factory):
+    """The quick start's training run: train.py with ``configs/quick_start.yaml`` (ResNet-18,
+    8 epochs on the shipped CIFAR-10 sample), as ``scripts/run_quick_start.sh`` runs it, into
+    a temporary folder, once per session (``shared_between_workers``). Trained weights for
+    the tests that need a network above chance; tests read its files and write elsewhere.
+
+    Returns:
+        dict: ``out`` (the output folder) and ``ckpt`` (its newest checkpoint, the one the
+        quick start script evaluates).
+    """
+    return shared_between_workers(tmp_path_factory, "quick_start", train_quick_start)
