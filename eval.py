@@ -44,7 +44,7 @@ from src.deploy.inference import check_runtime, load_predictor, model_runtime, o
 from src.deploy.report import ClassReport, plot_confusion
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
-from src.recipe import split_indices
+from src.recipe import network_kwargs, split_indices
 from src.training.loss import CrossEntropySmooth
 from src.training.model import classification_metrics
 from src.utils.checkpoint import pretrained_config
@@ -111,8 +111,7 @@ def benchmark_inference(cfg):
                                  cfg.batch_size, cfg.use_ema, cfg.device_target,
                                  cfg.stem_pool_pad_mode, cfg.runtime)
     else:
-        net = create_network(cfg.net_name, cfg.class_num, device_target=cfg.device_target,
-                             stem_pool_pad_mode=cfg.stem_pool_pad_mode)
+        net = create_network(**network_kwargs(cfg))
         net.set_train(False)
         if cfg.runtime == "onnxruntime":  # as a .ckpt runs there: BatchNorms folded
             fold_batchnorm(net)

@@ -214,14 +214,19 @@ def training_model(cfg, net, lr, amp_level, recipe=None):
 
 # ---- the network ----
 
+def network_kwargs(cfg):
+    """``create_network``'s arguments of the configured architecture: ``net_name``,
+    ``class_num``, ``zero_init_residual``, ``device_target``, ``stem_pool_pad_mode``."""
+    return dict(net_name=cfg.net_name, class_num=cfg.class_num,
+                zero_init_residual=cfg.zero_init_residual, device_target=cfg.device_target,
+                stem_pool_pad_mode=cfg.stem_pool_pad_mode)
+
+
 def training_network(cfg, rank=0):
     """The configured ResNet as it trains on data-parallel rank ``rank``: with its stochastic
     depth (``drop_path_rate``, drawn from ``seed`` and the rank)."""
-    return create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
-                          device_target=cfg.device_target,
-                          stem_pool_pad_mode=cfg.stem_pool_pad_mode,
-                          drop_path_rate=cfg.drop_path_rate, drop_path_seed=cfg.seed,
-                          shard_id=rank)
+    return create_network(**network_kwargs(cfg), drop_path_rate=cfg.drop_path_rate,
+                          drop_path_seed=cfg.seed, shard_id=rank)
 
 
 def build_network(cfg, device_num, log, rank=0):
@@ -306,9 +311,7 @@ def build_evaluator(cfg, model, net, ema, shard, amp_level, confusion_of=None):
     ema_model = None
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
-            create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual,
-                           device_target=cfg.device_target,
-                           stem_pool_pad_mode=cfg.stem_pool_pad_mode), amp_level)
+            create_network(**network_kwargs(cfg)), amp_level)
         ema_model = eval_model(ema_net, amp_level, cfg.label_smoothing, cfg.class_num)
     return Evaluator(model, shard, net, ema, ema_model, cfg.class_num, confusion_of)
 
