@@ -16,7 +16,7 @@ import pytest
 from src.data.sampling import EpochSampler
 from src.utils.checkpoint import checkpoint_name
 from src.utils.device import check_fusion_config, fusion_config_for
-from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, succeeded
+from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders
 
 LAUNCH_TIMEOUT = 420  # seconds any launch may take before the test fails
 
@@ -233,34 +233,96 @@ def worker_log_lines(out, rank, text):
         return [line.rstrip("\n") for line in f if text in line]
 
 
-@pytest.mark.slow
-def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(tmp_path):
-    """train.py on 2 ranks with --run_eval true, a weight EMA, LP-FT (fc alone in epoch 1, then
-    layer4 too) and the class-balanced sampler, over an eval set whose size (199) does not
-    divide by the ranks: both ranks exit 0 and log the same figures (so take the same "best"
-    decisions), exactly one best checkpoint, and eval.py in one process reproduces
-    metrics.jsonl's top-1/top-5 (live, EMA, best) over the same 199 images."""
-    train_dir = os.path.join(CIFAR_SAMPLE, "train")  # 1000 images: 31 steps of 2 x 16
-    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "test"), 20)
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """One data-parallel training run as two hosts on loopback (multi-host msrun through
+    ``scripts/run_distribute_train_cpu.sh``, as documented: two launches, one worker each,
+    node ranks 0 and 1), with --run_eval true, a weight EMA, LP-FT (fc alone in epoch 1,
+    then layer4 too), the class-balanced sampler and TensorBoard, over 160 training images
+    (16 per class: each rank 80 draws, 5 steps of 16 per epoch) and an eval set whose size
+    (199) does not divide by the ranks. Returns {"hosts": [(returncode, stdout, stderr) by
+    node], "out": [host 0's output folder, host 1's], "eval_dir"}; rank R's msrun log is in
+    ``out[R]/logs``."""
+    root = tmp_path_factory.mktemp("two_hosts")
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "train"), 16)
+    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(root / "test"), 20)
     dropped = os.path.join(eval_dir, "cat")
     os.remove(os.path.join(dropped, sorted(os.listdir(dropped))[0]))  # 199 images
-    out = tmp_path / "out"
-    result = launcher("--master_port", free_port(), "--cluster_time_out", "60", train_dir,
-                      "configs/quick_start.yaml", out, "--eval_data_path", eval_dir,
-                      "--run_eval", "true", "--eval_interval", "1", "--epoch_size", "2",
-                      "--batch_size", "16", "--base_lr", "0.2", "--warmup_epochs", "0",
-                      "--ema_decay", "0.5", "--save_checkpoint_epochs", "1", "--log_interval",
-                      "10", "--linear_probe_epochs", "1", "--trainable_layers", "1",
-                      "--class_balance", "sampler", "--tensorboard", "true")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    port = free_port()
+    env = python_first_env()
+    common = ["--device_num", "1", "--worker_num", "2", "--master_addr", "127.0.0.1",
+              "--master_port", str(port), "--cluster_time_out", "90"]
+    # msrun starts the scheduler on the host that owns master_addr; on one machine both
+    # "hosts" own 127.0.0.1, so the second host's launcher gets an msrun that answers as a
+    # real second machine would (not the master) and starts workers only.
+    not_master = root / "msrun_not_master"
+    not_master.write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "from mindspore.parallel.cluster.process_entity import _api\n"
+        "_api._is_local_ip = lambda address: False\n"
+        "from mindspore.parallel.cluster.run import main\nsys.exit(main())\n")
+    not_master.chmod(0o755)
+    outs = [root / f"host{node}" for node in range(2)]
+    hosts = []
+    for node in range(2):
+        node_env = dict(env, MSRUN=str(not_master)) if node else env
+        hosts.append(subprocess.Popen(
+            ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), *common,
+             "--node_rank", str(node), train_dir, "configs/quick_start.yaml", str(outs[node]),
+             "--eval_data_path", eval_dir, "--run_eval", "true", "--eval_interval", "1",
+             "--epoch_size", "2", "--batch_size", "16", "--base_lr", "0.2",
+             "--warmup_epochs", "0", "--ema_decay", "0.5", "--save_checkpoint_epochs", "1",
+             "--log_interval", "2", "--linear_probe_epochs", "1", "--trainable_layers", "1",
+             "--class_balance", "sampler", "--tensorboard", "true"],
+            cwd=ROOT, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for h in hosts:
+            stdout, stderr = h.communicate(timeout=LAUNCH_TIMEOUT)
+            results.append((h.returncode, stdout, stderr))
+    finally:
+        for h in hosts:
+            if h.poll() is None:
+                h.kill()
+    return {"hosts": results, "out": outs, "eval_dir": eval_dir}
+
+
+@pytest.mark.slow
+def test_two_hosts_on_loopback(two_hosts):
+    """Multi-host msrun, as documented: two launches, one worker each, node ranks 0 and 1
+    (the run of ``two_hosts``): both exit 0, the global batch spans the two hosts, rank 0
+    alone saves."""
+    for code, stdout, stderr in two_hosts["hosts"]:
+        assert code == 0, stdout[-1500:] + stderr[-1500:]
+    host0, host1 = two_hosts["out"]
+    assert "16 per device x 2 devices" in (host0 / "train.log").read_text()
+    assert (host0 / "resnet18-2_5.ckpt").exists()  # rank 0 saves
+    assert (host0 / "resnet18-best.ckpt").exists()
+    assert not list(host1.glob("*.ckpt"))  # rank 1 does not (nor its best)
+
+
+@pytest.mark.slow
+def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(
+        two_hosts, tmp_path, monkeypatch):
+    """train.py on 2 ranks (the run of ``two_hosts``) with --run_eval true, a weight EMA,
+    LP-FT (fc alone in epoch 1, then layer4 too) and the class-balanced sampler, over an
+    eval set whose size (199) does not divide by the ranks: both ranks exit 0 and log the
+    same figures (so take the same "best" decisions), exactly one best checkpoint, and
+    eval.py in one process reproduces metrics.jsonl's top-1/top-5 (live, EMA, best) over the
+    same 199 images."""
+    for code, stdout, stderr in two_hosts["hosts"]:
+        assert code == 0, stdout[-2000:] + stderr[-3000:]
+    out, eval_dir = two_hosts["out"][0], two_hosts["eval_dir"]
+    logs = two_hosts["out"]  # rank R's msrun log: in host R's folder
     for rank in range(2):
-        assert not worker_log_lines(out, rank, "Traceback")
+        assert not worker_log_lines(logs[rank], rank, "Traceback")
         # LP-FT in data parallel: the all-reduce split fits fc alone, then layer4 + fc
-        assert worker_log_lines(out, rank, "fused in groups split at [1] of 2 trainable")
-        assert worker_log_lines(out, rank, "fused in groups split at [9, 16] of 17 trainable")
-        assert worker_log_lines(out, rank, "LP-FT: linear probe done after 31 steps")
-    # the class-balanced sampler, sharded: each rank 500 of the 1000 draws, 31 batches of 16
-    assert "epoch 1/2 step 31/31" in out.joinpath("train.log").read_text()
+        assert worker_log_lines(logs[rank], rank, "fused in groups split at [1] of 2 trainable")
+        assert worker_log_lines(logs[rank], rank,
+                                "fused in groups split at [9, 16] of 17 trainable")
+        assert worker_log_lines(logs[rank], rank, "LP-FT: linear probe done after 5 steps")
+    # the class-balanced sampler, sharded: each rank 80 of the 160 draws, 5 batches of 16
+    assert "epoch 1/2 step 5/5" in out.joinpath("train.log").read_text()
     assert sorted(p.name for p in out.iterdir() if "best" in p.name) == ["resnet18-best.ckpt"]
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     assert [r["epoch"] for r in records] == [1, 2]
@@ -269,7 +331,7 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
                  "best_top1", "eval_images")
     for rank in range(2):
         logged = [json.loads(line.split(" done: ", 1)[1])
-                  for line in worker_log_lines(out, rank, " done: {")]
+                  for line in worker_log_lines(logs[rank], rank, " done: {")]
         assert [{k: r.get(k) for k in evaluated} for r in logged] == [
             {k: r.get(k) for k in evaluated} for r in records], rank
     assert all(r["eval_images"] == 199 for r in records), records
@@ -277,13 +339,15 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
     # its evaluations metrics.jsonl's (tensorboard true)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert not list(logs[1].glob("**/events.out.tfevents.*"))  # rank 1's folder: none
     reader = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0,
                                                                        "images": 0})
     reader.Reload()
     losses = [(e.step, round(e.value, 4)) for e in reader.Scalars("train/loss")]
     lines = [line.split("(global ", 1)[1] for line in worker_log_lines(out, 0, " loss ")
              if "(global " in line]
-    assert len(losses) == 8 and losses == [
+    # log_interval 2 over 5 steps an epoch: steps 2, 4 and the epoch's last, 2 epochs
+    assert len(losses) == 6 and losses == [
         (int(x.split(")")[0]), float(x.split(" loss ")[1].split()[0])) for x in lines]
     for key, tag in (("top1", "top1"), ("ema_top1", "ema_top1"), ("best_top1", "best_top1"),
                      ("eval_loss", "loss"), ("ema_eval_loss", "ema_loss")):
@@ -294,16 +358,29 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
     last = records[-1]
     assert last["best_top1"] == max(r["top1"] for r in records)
 
+    # eval.py in this process (the configured mode, GRAPH; the context's mode put back
+    # after: the device is set up already, it may not be set again)
+    import eval as eval_entry
+    from src.utils.device import MODES
+    monkeypatch.setattr(eval_entry, "setup_device",
+                        lambda mode, *args, **kwargs: ms.set_context(mode=MODES[mode]))
+    monkeypatch.chdir(tmp_path)  # MindSpore's decoder writes rejected images to the cwd
+    mode = ms.get_context("mode")
+
     def eval_py(ckpt, use_ema):
         folder = tmp_path / f"eval_{os.path.basename(ckpt)}_{use_ema}"
-        succeeded(run_entry("eval.py", "--config_path", "configs/quick_start.yaml", "--data_path",
-                            eval_dir, "--checkpoint_path", ckpt, "--use_ema", use_ema,
-                            "--output_dir", folder))
+        try:
+            assert eval_entry.main([
+                "--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+                "--data_path", eval_dir, "--checkpoint_path", ckpt, "--use_ema", use_ema,
+                "--output_dir", str(folder)]) == 0
+        finally:
+            ms.set_context(mode=mode)
         return json.load(open(folder / "eval_result.json", encoding="utf-8"))
 
     best = max(records, key=lambda r: r["top1"])  # the first of equals: it is not replaced
-    for ckpt, use_ema, prefix, record in ((out / "resnet18-2_31.ckpt", "false", "", last),
-                                          (out / "resnet18-2_31.ckpt", "true", "ema_", last),
+    for ckpt, use_ema, prefix, record in ((out / "resnet18-2_5.ckpt", "false", "", last),
+                                          (out / "resnet18-2_5.ckpt", "true", "ema_", last),
                                           (out / "resnet18-best.ckpt", "false", "", best)):
         report = eval_py(str(ckpt), use_ema)
         print(f"\n[dist eval] {ckpt.name} use_ema {use_ema}: eval.py top-1 {report['top1']} "
@@ -335,12 +412,15 @@ def worker_pids(marker):
 
 @pytest.mark.slow
 def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
+    """SIGKILL to one worker while both train (after their first step, so the other waits in
+    a collective): the launcher fails, naming the logs, well within the cluster time-out."""
     out = tmp_path / "killed"
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 7)
     env = python_first_env()
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # 70 images: 1 step of 2 x 32 per epoch, 100 epochs
         ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
-         str(free_port()), "--cluster_time_out", "30", "data/cifar10_sample/train",
-         "configs/quick_start.yaml", str(out), "--epoch_size", "50", "--run_eval", "false"],
+         str(free_port()), "--cluster_time_out", "30", train_dir, "configs/quick_start.yaml",
+         str(out), "--epoch_size", "100", "--run_eval", "false", "--log_interval", "1"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 240
@@ -348,7 +428,7 @@ def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
             logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
             if all(p.exists() and "(global " in p.read_text(errors="replace") for p in logs):
                 break
-            time.sleep(2)
+            time.sleep(0.2)
         pids = worker_pids(str(out))
         assert len(pids) == 2, f"expected 2 workers, found {pids}"
         killed_at = time.time()
@@ -382,9 +462,10 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     accumulation over 2 micro-batches (2 calls of the training cell per optimizer step): the
     signal may come between them, the ranks still agree and stop after an optimizer step."""
     out = tmp_path / "sig"
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 32)
     proc = subprocess.Popen(
         ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
-         str(free_port()), "--cluster_time_out", "60", "data/cifar10_sample/train",
+         str(free_port()), "--cluster_time_out", "60", train_dir,
          "configs/quick_start.yaml", str(out), "--epoch_size", "50", "--run_eval", "false",
          "--log_interval", "1", "--batch_size", "16", "--grad_accumulation_steps", "2"],
         cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -395,7 +476,7 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
             logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
             if all(p.exists() and "(global 3)" in p.read_text(errors="replace") for p in logs):
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         pids = {rank_of(pid): pid for pid in worker_pids(str(out))}
         assert sorted(pids) == [0, 1], pids
         os.kill(pids[1], signal.SIGTERM)
@@ -410,8 +491,8 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     assert all(len(lines) == 1 for lines in stopped), stdout[-1500:] + stderr[-3000:]
     steps = [int(lines[0].split("at global step ")[1].split(",")[0]) for lines in stopped]
     assert steps[0] == steps[1] > 3  # the same step on both ranks, in the middle of training
-    # 15 optimizer steps of 2 ranks x 2 micro-batches x 16 per epoch
-    ckpt = out / checkpoint_name("resnet18", steps[0], 15)
+    # 320 images: 5 optimizer steps of 2 ranks x 2 micro-batches x 16 per epoch
+    ckpt = out / checkpoint_name("resnet18", steps[0], 5)
     assert ckpt.exists(), sorted(os.listdir(out))
     saved = ms.load_checkpoint(str(ckpt))
     assert int(saved["global_step"].asnumpy()) == steps[0]
@@ -424,17 +505,18 @@ def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_sa
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
 
 
-def faulty_launch(out, *train_args, fault=()):
+def faulty_launch(out, train_dir, *train_args, fault=()):
     """train.py on 2 msrun workers (as ``scripts/run_distribute_train_cpu.sh`` starts it) through
     ``tests/rank_fault.py`` (``fault``: its options), which prints each rank's exit status;
-    quick_start.yaml on the CIFAR-10 sample, logs in ``out/logs``. Returns the Popen."""
+    quick_start.yaml on the class folders ``train_dir``, logs in ``out/logs``. Returns the
+    Popen."""
     msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
     return subprocess.Popen(
         [msrun, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
          "--master_port", str(free_port()), "--log_dir", str(out / "logs"), "--join", "True",
          "--cluster_time_out", "60", os.path.join(ROOT, "tests", "rank_fault.py"), *fault,
          os.path.join(ROOT, "train.py"), "--device_target", "CPU", "--run_distribute", "true",
-         "--device_num", "2", "--data_path", os.path.join(CIFAR_SAMPLE, "train"),
+         "--device_num", "2", "--data_path", train_dir,
          "--config_path", "configs/quick_start.yaml", "--output_dir", str(out),
          "--batch_size", "32", "--warmup_epochs", "0", "--log_interval", "1", *train_args],
         cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -460,17 +542,18 @@ def test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step(tm
     the step's exchange, both stop after global step 3 and exit 3 (not one exiting while the
     other waits in the next all-reduce until msrun kills it); rank 0 names its checkpoint of
     step 2 as the last good one, rank 1 its own non-finite loss."""
-    out = tmp_path / "nan"
-    proc = faulty_launch(out, "--epoch_size", "1", "--run_eval", "false", "--mixup_alpha",
-                         "0.2", "--save_checkpoint_steps", "2", fault=("--nan_rank", "1",
-                                                                "--nan_batch", "3"))
+    out = tmp_path / "nan"  # 320 images: 5 steps of 2 x 32
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 32)
+    proc = faulty_launch(out, train_dir, "--epoch_size", "1", "--run_eval", "false",
+                         "--mixup_alpha", "0.2", "--save_checkpoint_steps", "2",
+                         fault=("--nan_rank", "1", "--nan_batch", "3"))
     stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
     (status0, lines0), (status1, lines1) = stop_lines(out)
     print(f"\n[dist] NaN on rank 1: rank 0 exit {status0} {lines0}\n rank 1 exit {status1} "
           f"{lines1}")
-    last_good = out / checkpoint_name("resnet18", 2, 15)
+    last_good = out / checkpoint_name("resnet18", 2, 5)
     assert (status0, status1) == (3, 3), stdout[-1500:] + stderr[-1500:]
-    assert last_good.exists() and not (out / checkpoint_name("resnet18", 3, 15)).exists()
+    assert last_good.exists() and not (out / checkpoint_name("resnet18", 3, 5)).exists()
     agreed = "stopping every rank after global step 3: rank 1 stopped (non-finite loss)"
     assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
     assert (f"stopped: rank 1 stopped training (non-finite loss), every rank after global "
@@ -486,19 +569,19 @@ def test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step(tm
 @pytest.mark.slow
 def test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with_status_4(
         tmp_path):
-    """Rank 0's last checkpoint (step 12, after the evaluation of epoch 2, which has
+    """Rank 0's last checkpoint (step 8, after the evaluation of epoch 2, which has
     collectives of its own) cannot be written: a folder stands where the file goes, made
-    while the run trains (once the checkpoint of step 3 exists: 9 steps and an evaluation
+    while the run trains (once the checkpoint of step 2 exists: 6 steps and an evaluation
     ahead). The ranks agree on it at the exchange that ends the epoch: both exit 4 (rank 1
-    would otherwise end 0, the run complete for it); rank 0 names the checkpoint of step 9
+    would otherwise end 0, the run complete for it); rank 0 names the checkpoint of step 6
     as the last good one, rank 1 says rank 0 stopped and why."""
-    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 40)
-    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "e"), 10)
-    out = tmp_path / "unwritable"  # 400 images: 6 steps of 2 x 32 per epoch
-    proc = faulty_launch(out, "--data_path", train_dir, "--eval_data_path", eval_dir,
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 26)
+    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "e"), 5)
+    out = tmp_path / "unwritable"  # 260 images: 4 steps of 2 x 32 per epoch
+    proc = faulty_launch(out, train_dir, "--eval_data_path", eval_dir,
                          "--epoch_size", "2", "--run_eval", "true", "--eval_interval", "1",
-                         "--save_checkpoint_steps", "3", "--save_checkpoint_epochs", "1")
-    first, good, last = (out / checkpoint_name("resnet18", step, 6) for step in (3, 9, 12))
+                         "--save_checkpoint_steps", "2", "--save_checkpoint_epochs", "1")
+    first, good, last = (out / checkpoint_name("resnet18", step, 4) for step in (2, 6, 8))
     try:
         deadline = time.time() + LAUNCH_TIMEOUT
         while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -513,53 +596,18 @@ def test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with
     print(f"\n[dist] checkpoint not written on rank 0: rank 0 exit {status0} {lines0}\n rank 1 "
           f"exit {status1} {lines1}")
     assert (status0, status1) == (4, 4), stdout[-1500:] + stderr[-1500:]
-    agreed = ("stopping every rank after global step 12: rank 0 stopped (a file not written: "
+    agreed = ("stopping every rank after global step 8: rank 0 stopped (a file not written: "
               "a checkpoint, metrics.jsonl or train.log)")
     assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
     assert any(line.startswith(f"stopped: cannot write checkpoint {last}: ") and line.endswith(
         f"; last good checkpoint: {good}") for line in lines0), lines0
     assert ("stopped: rank 0 stopped training (a file not written: a checkpoint, metrics.jsonl "
-            "or train.log), every rank after global step 12; last good checkpoint: named by "
+            "or train.log), every rank after global step 8; last good checkpoint: named by "
             "rank 0") in lines1
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     assert [r["epoch"] for r in records] == [1, 2]  # both evaluations ran on both ranks
     for rank in range(2):
         assert not worker_log_lines(out, rank, "Traceback"), rank
-
-
-@pytest.mark.slow
-def test_two_hosts_on_loopback(tmp_path):
-    """Multi-host msrun, as documented: two launches, one worker each, node ranks 0 and 1."""
-    port = free_port()
-    env = python_first_env()
-    common = ["--device_num", "1", "--worker_num", "2", "--master_addr", "127.0.0.1",
-              "--master_port", str(port), "--cluster_time_out", "90"]
-    # msrun starts the scheduler on the host that owns master_addr; on one machine both
-    # "hosts" own 127.0.0.1, so the second host's launcher gets an msrun that answers as a
-    # real second machine would (not the master) and starts workers only.
-    not_master = tmp_path / "msrun_not_master"
-    not_master.write_text(
-        f"#!{sys.executable}\nimport sys\n"
-        "from mindspore.parallel.cluster.process_entity import _api\n"
-        "_api._is_local_ip = lambda address: False\n"
-        "from mindspore.parallel.cluster.run import main\nsys.exit(main())\n")
-    not_master.chmod(0o755)
-    hosts = []
-    for node in range(2):
-        node_env = dict(env, MSRUN=str(not_master)) if node else env
-        hosts.append(subprocess.Popen(
-            ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), *common,
-             "--node_rank", str(node), "data/cifar10_sample/train", "configs/quick_start.yaml",
-             str(tmp_path / f"host{node}"), "--epoch_size", "1", "--run_eval", "false",
-             "--batch_size", "16"],
-            cwd=ROOT, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = [h.communicate(timeout=LAUNCH_TIMEOUT) for h in hosts]
-    for h, (stdout, stderr) in zip(hosts, results):
-        assert h.returncode == 0, stdout[-1500:] + stderr[-1500:]
-    log0 = (tmp_path / "host0" / "train.log").read_text()
-    assert "16 per device x 2 devices" in log0
-    assert (tmp_path / "host0" / "resnet18-1_31.ckpt").exists()  # rank 0 saves
-    assert not list((tmp_path / "host1").glob("*.ckpt"))  # rank 1 does not
 
 
 def test_launcher_usage_and_argument_errors(tmp_path):
