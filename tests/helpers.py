@@ -111,7 +111,8 @@ def run_in_process(script, *args, cwd=ROOT):
     through ``src.utils.cli.run_entry_point`` (a ``UserError`` printed as one line and its exit
     status), ``sys.argv[0]`` the script, from ``cwd``; stdout and stderr captured. MindSpore's
     device is already set in the test process, so the entry's ``setup_device`` sets the mode
-    and the seed only; the mode and the SIGINT / SIGTERM handlers are restored afterwards.
+    and the seed only; the mode, the SIGINT / SIGTERM handlers and the ``src`` package's logger
+    (which ``get_logger`` points at the captured stdout) are restored afterwards.
     Any other exception propagates (a fresh interpreter would print it as a traceback).
 
     Saves the 3-5 s of imports a fresh interpreter pays; keep one ``run_entry`` case per entry
@@ -123,6 +124,7 @@ def run_in_process(script, *args, cwd=ROOT):
     import contextlib
     import importlib
     import io
+    import logging
     import signal
 
     import mindspore as ms
@@ -140,6 +142,8 @@ def run_in_process(script, *args, cwd=ROOT):
     out, err = io.StringIO(), io.StringIO()
     handlers = {s: signal.getsignal(s) for s in cli.STOP_SIGNALS}
     mode = ms.get_context("mode")
+    package = logging.getLogger("src")
+    package_state = (list(package.handlers), package.level, package.propagate)
     argv = [str(a) for a in args]
     status = 0
     with pytest.MonkeyPatch.context() as patch:
@@ -153,6 +157,8 @@ def run_in_process(script, *args, cwd=ROOT):
             status = 0 if stop.code is None else stop.code
         finally:
             ms.set_context(mode=mode)
+            package.handlers[:], package.propagate = package_state[0], package_state[2]
+            package.setLevel(package_state[1])
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
     return subprocess.CompletedProcess([script, *argv], status, out.getvalue(), err.getvalue())
