@@ -10,11 +10,18 @@ from PIL import Image
 
 from src.data.image_check import ImageFolderError, check_image_folder
 from src.models.resnet import create_network
-from tests.helpers import GREYSCALE_JPEG, copy_class_folders, run_entry, slow_beyond
+from tests.helpers import (
+    GREYSCALE_JPEG,
+    ROOT,
+    copy_class_folders,
+    run_entry,
+    run_in_process,
+    slow_beyond,
+)
 
-COMMON = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
-          "--run_eval", "false"]
-SAMPLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "cifar10_sample", "train")
+COMMON = ["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+          "--num_parallel_workers", "1", "--run_eval", "false"]
+SAMPLE = os.path.join(ROOT, "data", "cifar10_sample", "train")
 
 
 @pytest.fixture()
@@ -23,17 +30,23 @@ def folder(tmp_path):
     return copy_class_folders(SAMPLE, str(tmp_path / "data"), 4, classes=["cat", "dog"])
 
 
-def error_of(script, *args):
-    result = run_entry(script, *args, timeout=300)
+def error_of(script, *args, fresh=False):
+    """stderr of an entry point that must stop with exit status 2 and no traceback: run
+    in-process (``run_in_process``: any other exception fails the test), or in a fresh
+    interpreter with ``fresh`` (one case per entry point, the end-to-end behaviour)."""
+    if fresh:
+        result = run_entry(script, *args, timeout=300)
+    else:
+        result = run_in_process(script, *args)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "C++" not in result.stderr
     return result.stderr
 
 
-def train_error(data, *args):
+def train_error(data, *args, fresh=False):
     return error_of("train.py", *COMMON, "--class_num", "2", "--batch_size", "4",
                     "--data_path", data, "--output_dir", os.path.join(os.path.dirname(data), "out"),
-                    *args)
+                    *args, fresh=fresh)
 
 
 # ---- the folder layout ----
@@ -79,7 +92,7 @@ def test_corrupt_and_truncated_jpegs_are_named_before_training(folder):
         head = f.read(300)
     with open(os.path.join(folder, "dog", "truncated.jpg"), "wb") as f:
         f.write(head)  # a truncated JPEG crashes MindSpore's decoder with SIGFPE
-    message = train_error(folder)
+    message = train_error(folder, fresh=True)  # a missed truncated file would crash the process
     assert "corrupt or truncated image files" in message
     assert "corrupt.jpg" in message and "truncated.jpg" in message
 
@@ -89,7 +102,7 @@ def test_corrupt_file_with_the_check_off_is_still_named(folder):
     with open(os.path.join(folder, "cat", "corrupt.jpg"), "w") as f:
         f.write("not an image")
     message = train_error(folder, "--check_images", "false", "--epoch_size", "1",
-                          "--batch_size", "3")
+                          "--batch_size", "3", fresh=True)  # train.py in a fresh interpreter
     assert "cannot decode image" in message and "corrupt.jpg" in message
 
 
@@ -102,9 +115,9 @@ def test_png_cmyk_greyscale_decode_and_gif_is_skipped(folder):
         im.save(os.path.join(cat, "anim.gif"))
     shutil.copy(GREYSCALE_JPEG, os.path.join(folder, "dog", "grey.JPEG"))
     out = os.path.join(os.path.dirname(folder), "ok")
-    result = run_entry("train.py", *COMMON, "--class_num", "2", "--data_path", folder,
-                       "--eval_data_path", folder, "--run_eval", "true", "--epoch_size", "1",
-                       "--batch_size", "2", "--output_dir", out, timeout=300)
+    result = run_in_process("train.py", *COMMON, "--class_num", "2", "--data_path", folder,
+                            "--eval_data_path", folder, "--run_eval", "true", "--epoch_size", "1",
+                            "--batch_size", "2", "--output_dir", out, cwd=os.path.dirname(folder))
     assert result.returncode == 0, result.stderr[-2000:]
     # the warning goes through the train logger: stdout and train.log
     assert "skipping 1 files that are not images" in result.stdout and "anim.gif" in result.stdout
@@ -143,14 +156,15 @@ def test_pre_trained_of_another_depth_is_named(folder, r18_1000):
 
 @pytest.mark.slow
 def test_model_files_that_do_not_exist(tmp_path):
-    assert "MindIR file not found" in error_of(
-        "predict.py", "--checkpoint_path", tmp_path / "none.mindir", "--image_path", SAMPLE)
+    assert "MindIR file not found" in error_of(  # predict.py and export.py fresh
+        "predict.py", "--checkpoint_path", tmp_path / "none.mindir", "--image_path", SAMPLE,
+        fresh=True)
     assert "ONNX file not found" in error_of(
         "predict.py", "--checkpoint_path", tmp_path / "none.onnx", "--image_path", SAMPLE)
     assert "expected a .ckpt, .mindir, .onnx file" in error_of(
         "predict.py", "--checkpoint_path", tmp_path / "model.pb", "--image_path", SAMPLE)
     assert "checkpoint not found" in error_of(
-        "export.py", "--checkpoint_path", tmp_path / "none.ckpt")
+        "export.py", "--checkpoint_path", tmp_path / "none.ckpt", fresh=True)
 
 
 # ---- config values ----
@@ -202,7 +216,7 @@ def test_predict_counts_must_be_positive(r18_1000):
 @pytest.mark.slow
 def test_eval_folders_must_match_the_classes(folder, tmp_path):
     message = error_of("eval.py", *COMMON, "--checkpoint_path", tmp_path / "unused.ckpt",
-                       "--data_path", folder)  # 2 class folders, class_num 10
+                       "--data_path", folder, fresh=True)  # 2 class folders, class_num 10
     assert "has 2 class folders but class_num is 10" in message
     other = copy_class_folders(SAMPLE, str(tmp_path / "other"), 2, classes=["cat", "frog"])
     message = train_error(folder, "--run_eval", "true", "--eval_data_path", other)

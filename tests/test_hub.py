@@ -36,7 +36,13 @@ from src.utils.hub import (
     pretrained_eval_settings,
 )
 from tests.alignment_utils import reference_pair
-from tests.helpers import IMAGENET_SMALL, ROOT, imagenet_images, run_entry, succeeded
+from tests.helpers import (
+    IMAGENET_SMALL,
+    ROOT,
+    imagenet_images,
+    run_in_process,
+    succeeded,
+)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
@@ -407,10 +413,10 @@ def test_export_safetensors_round_trip(tmp_path):
     ckpt = str(tmp_path / "ours.ckpt")
     atomic_save_checkpoint(net, ckpt)
     folder = tmp_path / "published"
-    succeeded(run_entry("export.py", "--checkpoint_path", ckpt, "--net_name", "resnet18",
-                        "--class_num", 26, "--file_format", "SAFETENSORS", "--file_name",
-                        folder, "--eval_image_size", 200, "--eval_resize", 230,
-                        "--eval_interpolation", "bicubic", "--device_target", "CPU"))
+    succeeded(run_in_process("export.py", "--checkpoint_path", ckpt, "--net_name", "resnet18",
+                             "--class_num", 26, "--file_format", "SAFETENSORS", "--file_name",
+                             folder, "--eval_image_size", 200, "--eval_resize", 230,
+                             "--eval_interpolation", "bicubic", "--device_target", "CPU"))
     assert sorted(os.listdir(folder)) == ["README.md", "config.json", "model.safetensors"]
     config = json.load(open(folder / "config.json", encoding="utf-8"))
     assert config["architecture"] == "resnet18" and config["num_classes"] == 26
@@ -494,10 +500,14 @@ def fake_hub():
     server.shutdown()
 
 
-def resolve_in_subprocess(env, source):
+def resolve_in_subprocess(env, source, no_retry_wait=False):
     """``resolve_weights(source)`` in a fresh interpreter (huggingface_hub reads its
-    environment at import), reporting a ``UserError`` as the entry points do."""
-    code = ("import sys\nfrom src.utils.hub import resolve_weights\n"
+    environment at import), reporting a ``UserError`` as the entry points do. With
+    ``no_retry_wait``, ``time.sleep`` returns at once in that interpreter: huggingface_hub
+    still makes all its attempts at a connection, without its backoff waits between them
+    (1 + 2 + 4 + 8 + 8 s, fixed in ``huggingface_hub.utils._http``, no setting shortens them)."""
+    wait = "import time\ntime.sleep = lambda seconds: None\n" if no_retry_wait else ""
+    code = (wait + "import sys\nfrom src.utils.hub import resolve_weights\n"
             "from src.utils.errors import UserError\n"
             "try:\n    resolve_weights(sys.argv[1])\n"
             "except UserError as err:\n    print(f'error: {err}', file=sys.stderr)\n"
@@ -527,11 +537,11 @@ def test_offline_without_cache(tmp_path):
                    "HF_HUB_OFFLINE is set", "hf download timm/resnet18.tv_in1k")
 
 
-@pytest.mark.slow  # huggingface_hub retries the connection for about 20 s first
+@pytest.mark.slow
 def test_no_network_without_cache(tmp_path):
     closed = "http://127.0.0.1:9"  # discard port: nothing listens
     result = resolve_in_subprocess(hub_env(tmp_path, False, closed),
-                                   "hf-hub:timm/resnet18.tv_in1k")
+                                   "hf-hub:timm/resnet18.tv_in1k", no_retry_wait=True)
     one_line_error(result, "hf-hub:timm/resnet18.tv_in1k", "not in the Hugging Face cache",
                    "no connection")
 
@@ -548,16 +558,17 @@ def test_entry_points_report_hub_errors_in_one_line(tmp_path, hub_cache):
                                 "--data_path", IMAGENET_SMALL), "pass --net_name resnet18")
     empty = tmp_path / "empty"
     empty.mkdir()
-    one_line_error(run_with_env(env, "train.py", "--pre_trained", str(empty), "--data_path",
-                                IMAGENET_SMALL, "--output_dir", tmp_path / "o"),
+    # local folders, no Hub id: in-process (predict.py and eval.py above ran fresh)
+    one_line_error(run_in_process("train.py", "--pre_trained", str(empty), "--data_path",
+                                  IMAGENET_SMALL, "--output_dir", tmp_path / "o"),
                    str(empty), "no model.safetensors")
     cut = tmp_path / "cut"
     shutil.copytree(hub_cache / "models--timm--resnet18.tv_in1k" / "snapshots" / COMMIT, cut)
     data = (cut / "model.safetensors").read_bytes()
     (cut / "model.safetensors").unlink()
     (cut / "model.safetensors").write_bytes(data[:len(data) // 3])
-    one_line_error(run_with_env(env, "export.py", "--checkpoint_path", cut, "--file_name",
-                                tmp_path / "m"), "cannot read", "safetensors")
+    one_line_error(run_in_process("export.py", "--checkpoint_path", cut, "--file_name",
+                                  tmp_path / "m"), "cannot read", "safetensors")
 
 
 @pytest.mark.slow
