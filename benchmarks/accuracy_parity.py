@@ -139,24 +139,62 @@ def finished_records(output_dir, epoch_size, expected_cfg=None):
     return records
 
 
-def run_training(kind, arguments, log_path):
+def run_training(kind, arguments, log_path, threads=0):
     """Run ``train.py`` (kind ``ours``) or the twin (``torch``) with ``arguments``, output to
     ``log_path``. Returns the seconds it took.
+
+    Args:
+        threads (int): ``OMP_NUM_THREADS`` of the run (torch's CPU threads); 0: as inherited.
 
     Raises:
         ParityError: If it exits non-zero (the last lines of its log are included).
     """
+    return _call([SCRIPTS[kind], *arguments], f"{kind} run", log_path, threads)
+
+
+# The twin for each argument list (JSON, argv[2]) in turn, in one interpreter.
+TWIN_SERIES = ("import json, sys\n"
+               "sys.path.insert(0, sys.argv[1])\n"
+               "from benchmarks.torch_reference_train import main\n"
+               "for argv in json.loads(sys.argv[2]):\n"
+               "    status = main(argv)\n"
+               "    if status:\n"
+               "        sys.exit(status)\n")
+
+
+def run_twin_series(argument_lists, log_path, threads=0):
+    """The twin's trainings (``torch_reference_train.main``), one per list of ``arguments``,
+    one after the other in one fresh interpreter: torch is imported and started once, not
+    once per run; each run still sets its own seeds (``torch.manual_seed``, per-image numpy
+    generators), so its records are those of a run of its own. Output of all to
+    ``log_path``. Returns the seconds they took together.
+
+    Args:
+        argument_lists (list[list[str]]): Command lines of the runs.
+        log_path (str): stdout and stderr of the interpreter.
+        threads (int): ``OMP_NUM_THREADS`` (torch's CPU threads); 0: as inherited.
+
+    Raises:
+        ParityError: If a run fails (exit status non-zero; the last lines of the log).
+    """
+    return _call(["-c", TWIN_SERIES, ROOT, json.dumps(argument_lists)], "torch runs", log_path,
+                 threads)
+
+
+def _call(arguments, label, log_path, threads):
+    """``python arguments`` from the repository root, output to ``log_path``; seconds taken."""
     start = time.time()
+    # env given explicitly: once MindSpore has run in this process it has set
+    # OMP_NUM_THREADS=1 in the C environment (not in os.environ), which a child would
+    # inherit by default and torch would then train on one thread.
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     with open(log_path, "w", encoding="utf-8") as log:
-        # env given explicitly: once MindSpore has run in this process it has set
-        # OMP_NUM_THREADS=1 in the C environment (not in os.environ), which a child would
-        # inherit by default and torch would then train on one thread.
-        status = subprocess.call([sys.executable, SCRIPTS[kind], *arguments], cwd=ROOT,
-                                 stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        status = subprocess.call([sys.executable, *arguments], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, env=env)
     if status:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = "".join(f.readlines()[-15:])
-        raise ParityError(f"{kind} run failed (exit {status}), log {log_path}:\n{tail}")
+        raise ParityError(f"{label} failed (exit {status}), log {log_path}:\n{tail}")
     return time.time() - start
 
 

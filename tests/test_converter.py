@@ -1,7 +1,12 @@
 """tools/convert_torch_checkpoint.py: torchvision .pth <-> MindSpore .ckpt, by name, bit-exact."""
+import contextlib
+import importlib
+import io
+import json
 import os
 import subprocess
 import sys
+import types
 
 import mindspore as ms
 import numpy as np
@@ -10,8 +15,9 @@ import torch
 
 from src.models.resnet import NETWORKS, create_network
 from src.utils.checkpoint import load_into_network
-from tests.helpers import ROOT, slow_beyond
+from tests.helpers import CIFAR_SAMPLE, ROOT, slow_beyond
 from tests.torch_resnet import torch_resnet
+from tools import convert_torch_checkpoint
 from tools.convert_torch_checkpoint import (
     ConversionError,
     ms_to_torch_names,
@@ -23,15 +29,33 @@ TOOL = os.path.join(ROOT, "tools", "convert_torch_checkpoint.py")
 
 
 def run_tool(*args):
+    """The converter's ``main`` on ``args`` in this process: ``returncode`` (what the command
+    line exits with: ``sys.exit(main())``), ``stdout`` and ``stderr``. The command line itself
+    (a fresh interpreter) is run by ``test_bad_suffix_and_missing_input``."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = convert_torch_checkpoint.main([str(a) for a in args])
+    return types.SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def run_tool_command(*args):
+    """``python tools/convert_torch_checkpoint.py args`` in a fresh interpreter."""
     return subprocess.run([sys.executable, TOOL, *map(str, args)], capture_output=True,
                           text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34")))
 def test_every_depth_maps_onto_our_network(name):
-    state = torch_resnet(name, 7).state_dict()
+    """Names and shapes only: neither network's weights are initialized (torch's allocated
+    uninitialized from the meta device, ours under ``no_init_parameters``)."""
+    from mindspore.nn.utils import no_init_parameters
+
+    with torch.device("meta"):
+        tnet = torch_resnet(name, 7)
+    state = tnet.to_empty(device="cpu").state_dict()
     arrays = torch_state_to_ms_arrays(state)
-    ours = {p.name: tuple(p.shape) for p in create_network(name, 7).get_parameters()}
+    with no_init_parameters():
+        ours = {p.name: tuple(p.shape) for p in create_network(name, 7).get_parameters()}
     assert {n: a.shape for n, a in arrays.items()} == ours
     bn_count = sum(k.endswith("num_batches_tracked") for k in state)
     assert len(arrays) == len(state) - bn_count
@@ -141,7 +165,9 @@ def test_unmatched_and_misshaped_names_are_listed(r18_pth, tmp_path):
 
 @pytest.mark.slow
 def test_bad_suffix_and_missing_input(tmp_path):
-    result = run_tool(tmp_path / "a.pth", tmp_path / "b.onnx")
+    """Exit status 2 and a one-line error; the first case through the command line (a fresh
+    interpreter: ``sys.exit(main())``)."""
+    result = run_tool_command(tmp_path / "a.pth", tmp_path / "b.onnx")
     assert result.returncode == 2 and "got" in result.stderr and "b.onnx" in result.stderr
     with pytest.raises(ConversionError, match="not a ResNet"):
         torch_state_to_ms_arrays({"conv.weight": torch.zeros(1)})
@@ -173,15 +199,12 @@ def trained_torch_net(ckpt):
 
 
 @pytest.mark.slow
-def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path):
+def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path, monkeypatch):
     """Trained weights (the quick start's checkpoint) as a torchvision .pth, converted with the
     tool: eval.py on the converted checkpoint scores torch's top-1 on the .pth (torchvision's
     eval preprocessing, written out in the alignment tests) on the 200 shipped test images, and
     that top-1 is well above chance, so that a wrong mapping (e.g. BatchNorm statistics
     swapped) shows: a random network scores chance in both."""
-    import json
-
-    from tests.helpers import CIFAR_SAMPLE, run_entry
     from tests.test_alignment import pillow_eval_tensor
 
     tnet = trained_torch_net(quick_start["ckpt"])
@@ -191,10 +214,13 @@ def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path)
     assert converted.returncode == 0, converted.stderr
     test = os.path.join(CIFAR_SAMPLE, "test")
     resize, crop = 36, 32  # the quick start trains at 32 px; the resize is exercised too
-    result = run_entry("eval.py", "--net_name", "resnet18", "--class_num", "10",
-                       "--eval_image_size", crop, "--eval_resize", resize, "--batch_size", "8",
-                       "--checkpoint_path", ckpt, "--data_path", test, "--output_dir", tmp_path)
-    assert result.returncode == 0, result.stderr
+    evaluation = importlib.import_module("eval")
+    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # context as is
+    monkeypatch.chdir(tmp_path)  # where MindSpore's decoder would write rejected images
+    assert evaluation.main([str(a) for a in (
+        "--net_name", "resnet18", "--class_num", "10", "--eval_image_size", crop,
+        "--eval_resize", resize, "--batch_size", "8", "--checkpoint_path", ckpt, "--data_path",
+        test, "--output_dir", tmp_path)]) == 0
     ours = json.load(open(tmp_path / "eval_result.json"))
     images, labels = [], []
     for label, cls in enumerate(sorted(os.listdir(test))):

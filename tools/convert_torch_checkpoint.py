@@ -84,8 +84,23 @@ def infer_network(ms_arrays):
         raise ConversionError(str(err)) from err
 
 
+def network_layout(net_name, class_num):
+    """Our network ``net_name`` with ``class_num`` classes for its parameter names and shapes
+    only: built under ``mindspore.nn.utils.no_init_parameters``, so its weights are not
+    initialized (for ResNet-152 that takes seconds) and must not be read.
+
+    Returns:
+        mindspore.nn.Cell: The network, parameters uninitialized.
+    """
+    from mindspore.nn.utils import no_init_parameters
+
+    with no_init_parameters():
+        return create_network(net_name, class_num)
+
+
 def check_against_network(ms_arrays, source):
-    """Build the matching network of ours and compare every name and shape.
+    """Build the matching network of ours (names and shapes, ``network_layout``) and compare
+    every name and shape.
 
     Returns:
         tuple(str, int): (net_name, class_num).
@@ -94,7 +109,7 @@ def check_against_network(ms_arrays, source):
         ConversionError: Listing the names that are missing, extra or mis-shaped.
     """
     net_name, class_num = infer_network(ms_arrays)
-    missing, unexpected, mismatched = compare(create_network(net_name, class_num), ms_arrays)
+    missing, unexpected, mismatched = compare(network_layout(net_name, class_num), ms_arrays)
     if missing or unexpected or mismatched:
         raise ConversionError(f"{source}: weights do not fit {net_name} with {class_num} classes:"
                               f" missing {missing}; unmatched {unexpected}; "
@@ -125,7 +140,7 @@ def ms_arrays_to_torch_state(ms_arrays, source="checkpoint"):
     import torch
 
     net_name, class_num = check_against_network(ms_arrays, source)
-    ours = {p.name for p in create_network(net_name, class_num).get_parameters()}
+    ours = {p.name for p in network_layout(net_name, class_num).get_parameters()}
     state = {}
     for ms_name, t_name in ms_to_torch_names(sorted(ours)).items():
         state[t_name] = torch.from_numpy(np.array(ms_arrays[ms_name], copy=True))
