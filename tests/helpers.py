@@ -104,3 +104,42 @@ def interleaved_class_images(root, count):
     labels = np.array([classes.index(os.path.basename(os.path.dirname(p))) for p in paths],
                       np.int32)
     return paths, labels
+
+
+def train_in_process(*args, cwd=None):
+    """train.py's ``main`` called in this process (no interpreter start-up, no imports again):
+    for runs that need no process of their own (no signal, no exit status of the interpreter).
+    MindSpore's device is already set in the test process, so only the execution mode and the
+    seed of ``setup_device`` are applied; the mode is put back afterwards. ``cwd``: the folder
+    to run from (MindSpore's decoder writes rejected images there); the repository root by
+    default.
+
+    Returns:
+        int: ``main``'s exit status (a ``UserError`` propagates, its frames cleared so that
+        the output folder's lock is freed).
+    """
+    import traceback
+
+    import mindspore as ms
+    import pytest
+
+    import train
+    from src.utils.device import MODES
+
+    def mode_and_seed(mode, device_target, device_id=0, seed=1, run_distribute=False):
+        ms.set_context(mode=MODES[mode])
+        ms.set_seed(seed)
+
+    mode = ms.get_context("mode")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "setup_device", mode_and_seed)
+        patch.chdir(cwd or ROOT)
+        try:
+            return train.main([str(a) for a in args])
+        except Exception as err:
+            # a run refused after it locked its output folder: free the lock as the end of
+            # its process would (the traceback's frames hold the open lock file)
+            traceback.clear_frames(err.__traceback__)
+            raise
+        finally:
+            ms.set_context(mode=mode)
