@@ -1,4 +1,5 @@
 """Helpers shared by the tests: paths, copying real images, running entry points."""
+import contextlib
 import os
 import shutil
 import subprocess
@@ -106,24 +107,18 @@ def interleaved_class_images(root, count):
     return paths, labels
 
 
-def run_in_process(script, *args, cwd=ROOT):
-    """Run an entry point in this process as ``run_entry`` runs it in a fresh one: its ``main``
-    through ``src.utils.cli.run_entry_point`` (a ``UserError`` printed as one line and its exit
-    status), ``sys.argv[0]`` the script, from ``cwd``; stdout and stderr captured. MindSpore's
-    device is already set in the test process, so the entry's ``setup_device`` sets the mode
-    and the seed only; the mode, the SIGINT / SIGTERM handlers and the ``src`` package's logger
-    (which ``get_logger`` points at the captured stdout) are restored afterwards.
-    Any other exception propagates (a fresh interpreter would print it as a traceback).
+@contextlib.contextmanager
+def entry_point_in_process(script, cwd=ROOT):
+    """The entry point ``script`` (e.g. "train.py") imported and set to run in this process:
+    from ``cwd``, ``sys.argv[0]`` the script, its ``setup_device`` applying the mode and the
+    seed only (MindSpore's device is already set in the test process). Afterwards the mode,
+    the SIGINT / SIGTERM handlers and the ``src`` package's logger (which ``get_logger``
+    points at the run's stdout) are put back.
 
-    Saves the 3-5 s of imports a fresh interpreter pays; keep one ``run_entry`` case per entry
-    point for the behaviour of a real process.
-
-    Returns:
-        subprocess.CompletedProcess: ``returncode``, ``stdout``, ``stderr`` as ``run_entry``'s.
+    Yields:
+        module: The entry point's module; call its ``main``.
     """
-    import contextlib
     import importlib
-    import io
     import logging
     import signal
 
@@ -139,26 +134,66 @@ def run_in_process(script, *args, cwd=ROOT):
         ms.set_seed(seed)
 
     module = importlib.import_module(os.path.splitext(script)[0])
-    out, err = io.StringIO(), io.StringIO()
     handlers = {s: signal.getsignal(s) for s in cli.STOP_SIGNALS}
     mode = ms.get_context("mode")
     package = logging.getLogger("src")
     package_state = (list(package.handlers), package.level, package.propagate)
-    argv = [str(a) for a in args]
-    status = 0
     with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(cwd)
-        patch.setattr(sys, "argv", [os.path.join(ROOT, script), *argv])
+        patch.chdir(cwd or ROOT)
+        patch.setattr(sys, "argv", [os.path.join(ROOT, script)])
         patch.setattr(module, "setup_device", mode_and_seed)
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                cli.run_entry_point(module.main, argv)
-        except SystemExit as stop:
-            status = 0 if stop.code is None else stop.code
+            yield module
         finally:
             ms.set_context(mode=mode)
             package.handlers[:], package.propagate = package_state[0], package_state[2]
             package.setLevel(package_state[1])
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
+
+
+def run_in_process(script, *args, cwd=ROOT):
+    """Run an entry point in this process as ``run_entry`` runs it in a fresh one: its ``main``
+    through ``src.utils.cli.run_entry_point`` (a ``UserError`` printed as one line and its exit
+    status), in ``entry_point_in_process``; stdout and stderr captured. Any other exception
+    propagates (a fresh interpreter would print it as a traceback).
+
+    Saves the 3-5 s of imports a fresh interpreter pays; keep one ``run_entry`` case per entry
+    point for the behaviour of a real process.
+
+    Returns:
+        subprocess.CompletedProcess: ``returncode``, ``stdout``, ``stderr`` as ``run_entry``'s.
+    """
+    import io
+
+    from src.utils import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = [str(a) for a in args]
+    status = 0
+    with entry_point_in_process(script, cwd) as module:
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                cli.run_entry_point(module.main, argv)
+        except SystemExit as stop:
+            status = 0 if stop.code is None else stop.code
     return subprocess.CompletedProcess([script, *argv], status, out.getvalue(), err.getvalue())
+
+
+def train_in_process(*args, cwd=ROOT):
+    """train.py's ``main`` called in this process (``entry_point_in_process``), for runs that
+    need no process of their own (no signal, no exit status of the interpreter); its output
+    goes where the test's goes.
+
+    Returns:
+        int: ``main``'s exit status. A ``UserError`` propagates, its frames cleared so that the
+        output folder's lock is freed as the end of a process would free it.
+    """
+    import traceback
+
+    with entry_point_in_process("train.py", cwd) as train:
+        try:
+            return train.main([str(a) for a in args])
+        except Exception as err:
+            traceback.clear_frames(err.__traceback__)  # the frames hold the open lock file
+            raise

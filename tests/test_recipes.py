@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from src.utils.config import ConfigError, parse_config
-from tests.helpers import IMAGENET_SMALL, ROOT, run_entry, succeeded
+from tests.helpers import IMAGENET_SMALL, ROOT, run_entry, succeeded, train_in_process
 
 SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "64",
          "--eval_image_size", "64", "--eval_resize", "72", "--batch_size", "4", "--epoch_size",
@@ -22,12 +22,14 @@ SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "6
     ("resnet50_torchvision_v2.yaml", "optimizer momentum, loss ce, weight EMA decay 0.99996585"),
     ("resnet50_lars_large_batch.yaml", "optimizer lars, loss ce"),
 ])
-def test_imagenet_recipe_trains(recipe, expected, tmp_path):
-    """Every feature the recipe file turns on runs (here on CPU, small): RandAugment, LAMB,
-    BCE, mixup/cutmix in one; TrivialAugment, erasing, mixup/cutmix, EMA in the other."""
-    result = succeeded(run_entry("train.py", "--config_path", os.path.join("configs", recipe),
-                             *SMALL, "--output_dir", tmp_path))
-    assert expected in result.stdout
+def test_imagenet_recipe_trains(recipe, expected, tmp_path, capsys):
+    """Every feature the recipe file turns on runs (here on CPU, small, in the test process):
+    RandAugment, LAMB, BCE, mixup/cutmix in one; TrivialAugment, erasing, mixup/cutmix, EMA in
+    the other."""
+    capsys.readouterr()
+    assert train_in_process("--config_path", os.path.join("configs", recipe), *SMALL,
+                            "--output_dir", tmp_path) == 0
+    assert expected in capsys.readouterr().out
     record = json.loads(open(tmp_path / "metrics.jsonl").readline())
     assert record["step"] == 6 and np.isfinite(record["loss"])
 
@@ -54,9 +56,9 @@ def test_the_old_image_size_key_names_its_replacements(tmp_path):
 @pytest.fixture(scope="module")
 def ema_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ema")
-    succeeded(run_entry("train.py", "--config_path", "configs/resnet18_cifar10_v2.yaml", *SMALL,
-                    "--eval_data_path", IMAGENET_SMALL, "--run_eval", "true", "--epoch_size",
-                    "2", "--ema_decay", "0.5", "--output_dir", out))
+    assert train_in_process("--config_path", "configs/resnet18_cifar10_v2.yaml", *SMALL,
+                            "--eval_data_path", IMAGENET_SMALL, "--run_eval", "true",
+                            "--epoch_size", "2", "--ema_decay", "0.5", "--output_dir", out) == 0
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
     return out, records[-1]
 

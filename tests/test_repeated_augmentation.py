@@ -6,7 +6,6 @@ bit-identical; the config checks."""
 import math
 import os
 import signal
-import subprocess
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -23,7 +22,7 @@ from tests.test_resume import (
     assert_same_final_state,
     saved_steps,
     start_and_interrupt,
-    train_cmd,
+    train_here,
 )
 
 
@@ -217,31 +216,30 @@ def test_aug_repeats_values_and_resume():
         EpochSampler([1, 2], repeats=-1)
 
 
-# ResNet-18 at 32 px on 80 images, batch 8, 2 epochs of 10 steps, a checkpoint every 3 steps
-RA = ["--aug_repeats", "3", "--epoch_size", "2", "--train_image_size", "32",
-      "--eval_image_size", "32", "--eval_resize", "32"]
+# ResNet-18 at 32 px (test_resume's ARGS) on 80 images, batch 8, 2 epochs of 10 steps, a
+# checkpoint every 3 steps
+RA = ["--aug_repeats", "3", "--epoch_size", "2"]
 RA_FINAL = "resnet18-2_10.ckpt"
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_with_aug_repeats_is_bit_exact(cifar_small, tmp_path):
+def test_sigkill_then_resume_with_aug_repeats_is_bit_exact(cifar_small, tmp_path, capsys):
     data = cifar_small["train"]
     full = str(tmp_path / "full")
-    result = subprocess.run(train_cmd(data, full, *RA), cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "aug_repeats 3: every image drawn is read 3 times" in result.stdout
-    assert "10 optimizer steps per epoch, 20 in all" in result.stdout
+    capsys.readouterr()
+    train_here(data, full, *RA)  # the uninterrupted reference, in the test process
+    stdout = capsys.readouterr().out
+    assert "aug_repeats 3: every image drawn is read 3 times" in stdout
+    assert "10 optimizer steps per epoch, 20 in all" in stdout
     reference = ms.load_checkpoint(os.path.join(full, RA_FINAL))
     out = str(tmp_path / "killed")
     code, _, _ = start_and_interrupt(data, out, signal.SIGKILL, *RA)
     assert code == -signal.SIGKILL
     done = saved_steps(out)
     assert done and done[-1] < 20 and done[-1] % 10, f"not interrupted mid-epoch: {done}"
-    resumed = subprocess.run(train_cmd(data, out, *RA, "--resume_ckpt", "auto"), cwd=ROOT,
-                             capture_output=True, text=True, timeout=300, check=False)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"{done[-1]} steps done" in resumed.stdout
+    capsys.readouterr()
+    train_here(data, out, *RA, "--resume_ckpt", "auto")
+    assert f"{done[-1]} steps done" in capsys.readouterr().out
     print(f"\n[resume, aug_repeats 3] killed after step {done[-1]} of 20; resumed run ends "
           f"bit-identical")
     assert_same_final_state(out, reference, RA_FINAL)

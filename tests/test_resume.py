@@ -14,16 +14,24 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, run_entry
+from src.utils.config import ConfigError
+from src.utils.errors import UserError
+from tests.helpers import ROOT, run_entry, train_in_process
 
-# ResNet-18, 64 px, 80 real images, batch 8: 10 steps per epoch, 30 in all, a checkpoint every
-# 3 steps. Two data workers, so the data order must be deterministic across processes.
-ARGS = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "64",
-        "--eval_image_size", "64", "--eval_resize", "64",
+# ResNet-18, 32 px, 80 real images, batch 8: 10 steps per epoch, 30 in all, a checkpoint every
+# 3 steps. Two data workers, so the data order must be deterministic across processes (the
+# uninterrupted references train in the test process, the killed runs in their own).
+ARGS = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "32",
+        "--eval_image_size", "32", "--eval_resize", "32",
         "--batch_size", "8", "--epoch_size", "3", "--save_checkpoint_steps", "3",
         "--save_checkpoint_epochs", "1", "--keep_checkpoint_max", "20", "--run_eval", "false",
         "--num_parallel_workers", "2", "--log_interval", "1"]
 FINAL = "resnet18-3_10.ckpt"
+
+
+def train_here(data, out, *extra):
+    """train.py in the test process with ``ARGS``; asserts it exited 0."""
+    assert train_in_process(*ARGS, "--data_path", data, "--output_dir", out, *extra) == 0
 
 
 def train_cmd(data, out, *extra):
@@ -62,9 +70,7 @@ def full_run(cifar_small, tmp_path_factory):
     each epoch's end, all kept): the reference of the resumed runs, and the checkpoints the
     checks of resumable files start from (``resnet18-1_9.ckpt``, ``resnet18-1_10.ckpt``)."""
     out = str(tmp_path_factory.mktemp("full"))
-    result = subprocess.run(train_cmd(cifar_small["train"], out), cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
+    train_here(cifar_small["train"], out)
     return out
 
 
@@ -100,11 +106,10 @@ MODERN_FINAL = "resnet18-3_5.ckpt"
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tmp_path):
+def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tmp_path,
+                                                                  capsys):
     full = str(tmp_path / "full")
-    result = subprocess.run(train_cmd(cifar_small["train"], full, *MODERN), cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
+    train_here(cifar_small["train"], full, *MODERN)
     reference = ms.load_checkpoint(os.path.join(full, MODERN_FINAL))
     for prefix in ("ema.", "ema_updates", "adam_m.", "adam_v."):
         assert any(n.startswith(prefix) for n in reference), prefix
@@ -116,18 +121,17 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     assert code == -signal.SIGKILL
     done = saved_steps(out, steps_per_epoch=5)
     assert done and done[-1] < 15, f"the run was not interrupted mid-way: {done}"
-    resumed = subprocess.run(train_cmd(cifar_small["train"], out, *MODERN, "--resume_ckpt",
-                                       "auto"), cwd=ROOT, capture_output=True, text=True,
-                             timeout=300, check=False)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"{done[-1]} steps done" in resumed.stdout
+    capsys.readouterr()
+    train_here(cifar_small["train"], out, *MODERN, "--resume_ckpt", "auto")
+    assert f"{done[-1]} steps done" in capsys.readouterr().out
     print(f"\n[resume, modern recipe] killed after step {done[-1]} of 15; resumed run ends "
           f"bit-identical")
     assert_same_final_state(out, reference, MODERN_FINAL)
 
 
 @pytest.mark.slow
-def test_sigkill_sigterm_and_sigint_each_resume_exactly(cifar_small, uninterrupted, tmp_path):
+def test_sigkill_sigterm_and_sigint_each_resume_exactly(cifar_small, uninterrupted, tmp_path,
+                                                        capsys):
     """One run stopped three times, each time as soon as it wrote a checkpoint: SIGKILL (it
     resumes from its newest checkpoint), then, in the resumed run, SIGTERM, then SIGINT (each
     saves at the step it stops and exits 128 + the signal); each resume continues at the step
@@ -146,11 +150,11 @@ def test_sigkill_sigterm_and_sigint_each_resume_exactly(cifar_small, uninterrupt
         assert f"{step} steps done" in stdout, stdout[-2000:]
         assert f"(global {step})" not in stdout and f"(global {step + 1})" in stdout
         step = stopped_by_signal(out, code, stdout, signum, step)
-    resumed = subprocess.run(train_cmd(data, out, "--resume_ckpt", "auto"), cwd=ROOT,
-                             capture_output=True, text=True, timeout=300, check=False)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"{step} steps done" in resumed.stdout, resumed.stdout[-2000:]
-    assert f"(global {step})" not in resumed.stdout and f"(global {step + 1})" in resumed.stdout
+    capsys.readouterr()
+    train_here(data, out, "--resume_ckpt", "auto")  # the last resume: no signal, in-process
+    resumed = capsys.readouterr().out
+    assert f"{step} steps done" in resumed, resumed[-2000:]
+    assert f"(global {step})" not in resumed and f"(global {step + 1})" in resumed
     print(f"[resume] stopped again at step {step}; the resumed run ends bit-identical")
     assert_same_final_state(out, uninterrupted)
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -199,9 +203,9 @@ def test_auto_passes_over_a_truncated_checkpoint(full_run, cifar_small, tmp_path
     assert find_resume_checkpoint(out, "resnet18", 10, names) == os.path.join(
         out, "resnet18-1_9.ckpt")
     assert "skipping checkpoint" in caplog.text and "resnet18-1_10.ckpt" in caplog.text
-    explicit = run_entry("train.py", *ARGS, "--data_path", cifar_small["train"], "--output_dir",
-                         out, "--resume_ckpt", newest)
-    assert explicit.returncode == 2 and "resnet18-1_10.ckpt" in explicit.stderr
+    with pytest.raises(UserError, match="resnet18-1_10.ckpt") as refused:  # exit 2
+        train_here(cifar_small["train"], out, "--resume_ckpt", newest)
+    assert refused.value.exit_status == 2
 
 
 @pytest.mark.slow
@@ -228,39 +232,45 @@ def test_checkpoints_store_the_run_config_and_resume_checks_it(full_run, cifar_s
     from src.utils.checkpoint import stored_config
     stored = stored_config(ms.load_checkpoint(os.path.join(full_run, "resnet18-1_10.ckpt")))
     assert stored["batch_size"] == 8 and stored["device_num"] == 1 and stored["epoch_size"] == 3
-    for key, value in (("epoch_size", "2"), ("batch_size", "4"), ("base_lr", "0.3")):
-        result = run_entry("train.py", *ARGS, f"--{key}", value,
-                           "--data_path", cifar_small["train"], "--output_dir", full_run,
-                           "--resume_ckpt", os.path.join(full_run, "resnet18-1_9.ckpt"))
-        assert result.returncode == 2, result.stderr[-2000:]
-        assert f"other {key}" in result.stderr and "--resume_ignore_config true" in result.stderr
+    resume = ["--data_path", cifar_small["train"], "--output_dir", full_run, "--resume_ckpt",
+              os.path.join(full_run, "resnet18-1_9.ckpt")]
+    # as a user sees it: train.py exits 2 with the key named
+    result = run_entry("train.py", *ARGS, "--epoch_size", "2", *resume)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "other epoch_size" in result.stderr and "--resume_ignore_config true" in result.stderr
+    for key, value in (("batch_size", "4"), ("base_lr", "0.3")):  # the same check in-process
+        with pytest.raises(ConfigError, match=f"other {key}.*--resume_ignore_config true"):
+            train_in_process(*ARGS, f"--{key}", value, *resume)
 
 
 @pytest.mark.slow
-def test_resume_ignore_config_resumes_with_another_epoch_size(full_run, cifar_small, tmp_path):
+def test_resume_ignore_config_resumes_with_another_epoch_size(full_run, cifar_small, tmp_path,
+                                                              capsys):
     out = str(tmp_path)
     shutil.copy(os.path.join(full_run, "resnet18-1_10.ckpt"), out)
-    result = run_entry("train.py", *ARGS, "--epoch_size", "2", "--resume_ignore_config",
-                       "true", "--data_path", cifar_small["train"], "--output_dir", out,
-                       "--resume_ckpt", "auto")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "10 steps done" in result.stdout and os.path.isfile(
+    capsys.readouterr()
+    train_here(cifar_small["train"], out, "--epoch_size", "2", "--resume_ignore_config", "true",
+               "--resume_ckpt", "auto")
+    assert "10 steps done" in capsys.readouterr().out and os.path.isfile(
         os.path.join(out, "resnet18-2_10.ckpt"))
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cifar_small, tmp_path):
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cifar_small, tmp_path,
+                                                                  capsys):
     out = str(tmp_path)
-    result = run_entry("train.py", *ARGS, "--base_lr", "1e8", "--warmup_epochs", "0",
-                       "--save_checkpoint_steps", "1", "--data_path", cifar_small["train"],
-                       "--output_dir", out)
-    assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
+    capsys.readouterr()
+    status = train_in_process(*ARGS, "--base_lr", "1e8", "--warmup_epochs", "0",
+                              "--save_checkpoint_steps", "1", "--data_path",
+                              cifar_small["train"], "--output_dir", out)
+    stdout = capsys.readouterr().out
+    assert status == 3, stdout[-2000:]  # train.py's exit status
     # the parameters overflow one step before the loss does: whichever is seen first stops it
-    step = int(re.search(r"stopped: non-finite \w+ at global step (\d+)", result.stdout)[1])
+    step = int(re.search(r"stopped: non-finite \w+ at global step (\d+)", stdout)[1])
     saved = saved_steps(out)
     assert saved and max(saved) < step
     newest = f"resnet18-1_{max(saved)}.ckpt"
-    assert f"last good checkpoint: {os.path.join(out, newest)}" in result.stdout
+    assert f"last good checkpoint: {os.path.join(out, newest)}" in stdout
     values = ms.load_checkpoint(os.path.join(out, newest))
     assert all(np.isfinite(v.asnumpy()).all() for v in values.values() if not isinstance(v, str))
 

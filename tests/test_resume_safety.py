@@ -18,7 +18,8 @@ from src.recipe import loss_class_weights
 from src.training.resume import MAY_DIFFER, check_same_recipe
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint, read_checkpoint, stored_best
 from src.utils.config import ConfigError, parse_config
-from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, succeeded
+from src.utils.errors import UserError
+from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, train_in_process
 from tests.test_run_files import folder_bytes
 
 NET = "resnet18"
@@ -45,8 +46,8 @@ def finished(tmp_path_factory):
     data = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "train"), 8)
     test = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(root / "test"), 3)
     out = str(root / "run")
-    succeeded(run_entry("train.py", *COMMON, "--data_path", data, "--eval_data_path", test,
-                        "--output_dir", out, timeout=900))
+    assert train_in_process(*COMMON, "--data_path", data, "--eval_data_path", test,
+                            "--output_dir", out) == 0
     names = sorted(os.listdir(out))
     assert {f"{NET}-1_5.ckpt", f"{NET}-3_5.ckpt", f"{NET}-best.ckpt"} <= set(names), names
     return {"data": data, "test": test, "out": out}
@@ -59,9 +60,20 @@ def copy_run(finished, tmp_path):
 
 
 def train(finished, out, *extra, data=None):
-    return run_entry("train.py", *COMMON, "--data_path", data or finished["data"],
-                     "--eval_data_path", finished["test"], "--output_dir", out, *extra,
-                     timeout=900)
+    """train.py in the test process (no run here needs a process of its own); asserts it
+    exited 0."""
+    assert train_in_process(*COMMON, "--data_path", data or finished["data"],
+                            "--eval_data_path", finished["test"], "--output_dir", out,
+                            *extra) == 0
+
+
+def refused(finished, out, *extra, data=None):
+    """The one-line error train.py exits 2 with (``train.py: error: <this>``), run in the test
+    process; fails if the run is not refused so."""
+    with pytest.raises(UserError) as error:
+        train(finished, out, *extra, data=data)
+    assert error.value.exit_status == 2, error.value
+    return str(error.value)
 
 
 # ---- (a) every key that changes what is trained ----
@@ -90,9 +102,8 @@ def test_a_resume_with_another_weight_decay_is_refused(finished, tmp_path):
     os.chmod(os.path.join(out, f"{NET}-3_5.ckpt"), 0o600)
     os.remove(os.path.join(out, f"{NET}-3_5.ckpt"))  # as if killed in epoch 3
     before = folder_bytes(out)
-    result = train(finished, out, "--resume_ckpt", "auto", "--weight_decay", "0.05")
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "with other weight_decay 0.05 (checkpoint: 0.0005)" in last_line(result)
+    line = refused(finished, out, "--resume_ckpt", "auto", "--weight_decay", "0.05")
+    assert "with other weight_decay 0.05 (checkpoint: 0.0005)" in line
     assert folder_bytes(out) == before
 
 
@@ -104,9 +115,7 @@ def test_resuming_an_older_checkpoint_is_refused_by_name(finished, tmp_path):
     dropped, and the best checkpoint replaced by a worse model."""
     out = copy_run(finished, tmp_path)
     before = folder_bytes(out)
-    result = train(finished, out, "--resume_ckpt", os.path.join(out, f"{NET}-1_5.ckpt"))
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    line = last_line(result)
+    line = refused(finished, out, "--resume_ckpt", os.path.join(out, f"{NET}-1_5.ckpt"))
     assert f"{NET}-1_5.ckpt (step 5) is older than the newest checkpoint of the run" in line
     assert f"{NET}-3_5.ckpt (step 15)" in line and "drop the 2 record(s) after step 5" in line
     assert "--resume_ckpt auto" in line and "--overwrite true" in line
@@ -114,12 +123,14 @@ def test_resuming_an_older_checkpoint_is_refused_by_name(finished, tmp_path):
 
 
 @pytest.mark.slow
-def test_overwrite_moves_the_later_steps_aside(finished, tmp_path):
+def test_overwrite_moves_the_later_steps_aside(finished, tmp_path, capsys):
     out = copy_run(finished, tmp_path)
     best = stored_best(read_checkpoint(os.path.join(out, f"{NET}-best.ckpt")))
     assert best is not None  # the best checkpoint stores its score
-    result = succeeded(train(finished, out, "--resume_ckpt", os.path.join(out, f"{NET}-1_5.ckpt"),
-                             "--overwrite", "true"))
+    capsys.readouterr()
+    train(finished, out, "--resume_ckpt", os.path.join(out, f"{NET}-1_5.ckpt"), "--overwrite",
+          "true")
+    result = capsys.readouterr()
     moved = glob.glob(os.path.join(out, "previous_run_*"))
     assert len(moved) == 1, os.listdir(out)
     aside = sorted(os.listdir(moved[0]))
@@ -129,7 +140,7 @@ def test_overwrite_moves_the_later_steps_aside(finished, tmp_path):
     assert aside == sorted(expected)
     assert [r["epoch"] for r in records(moved[0])] == [2, 3]
     assert [r["epoch"] for r in records(out)] == [1, 2, 3]  # one record per epoch
-    assert "later checkpoints and records were moved to" in result.stdout + result.stderr
+    assert "later checkpoints and records were moved to" in result.out + result.err
 
 
 # ---- (c) the best score: the higher of the checkpoint's and the best checkpoint's ----
@@ -150,7 +161,7 @@ def test_a_resume_keeps_the_best_checkpoint_s_score(finished, tmp_path):
     with open(newest, "r+b") as f:
         f.truncate(1000)
     before = folder_bytes(out)[f"{NET}-best.ckpt"]
-    succeeded(train(finished, out, "--resume_ckpt", "auto"))
+    train(finished, out, "--resume_ckpt", "auto")
     assert folder_bytes(out)[f"{NET}-best.ckpt"] == before
     assert stored_best(read_checkpoint(newest)) == {"top1": 0.99, "epoch": 3}
 
@@ -212,16 +223,15 @@ def test_a_resume_on_other_data_is_refused(finished, tmp_path, change, images, s
     os.remove(os.path.join(out, f"{NET}-3_5.ckpt"))  # as if killed in epoch 3
     data = data_with(finished, tmp_path, change)
     before = folder_bytes(out)
-    result = train(finished, out, "--resume_ckpt", "auto", data=data)
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    line = refused(finished, out, "--resume_ckpt", "auto", data=data)
     assert (f"data_path {data} holds {images} images ({steps} steps per epoch) but the "
             f"checkpoint {os.path.join(out, f'{NET}-2_5.ckpt')} was trained on 80 (5 steps per "
-            f"epoch)") in last_line(result)
-    assert "--resume_ignore_config true" in last_line(result)
+            f"epoch)") in line
+    assert "--resume_ignore_config true" in line
     assert folder_bytes(out) == before
     if change > 0:  # the way out: resumed with the new data
-        succeeded(train(finished, out, "--resume_ckpt", "auto", "--resume_ignore_config",
-                        "true", data=data))
+        train(finished, out, "--resume_ckpt", "auto", "--resume_ignore_config", "true",
+              data=data)
 
 
 # ---- nothing to resume ----
@@ -234,9 +244,7 @@ def test_a_run_without_a_checkpoint_says_there_is_nothing_to_resume(finished, tm
         os.chmod(path, 0o600)
         os.remove(path)
     before = folder_bytes(out)
-    result = train(finished, out, "--resume_ckpt", "auto")
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    line = last_line(result)
+    line = refused(finished, out, "--resume_ckpt", "auto")
     assert "no usable checkpoint" in line and "nothing to resume" in line
     assert "--overwrite true" in line and "Continue that run with --resume_ckpt auto" not in line
     assert folder_bytes(out) == before

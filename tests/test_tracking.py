@@ -19,7 +19,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from src.utils.tracking import TensorBoardLog
-from tests.helpers import ROOT, run_entry, succeeded
+from tests.helpers import ROOT, train_in_process
 
 # ResNet-18, 32 px, 80 real images, batch 8: 10 steps per epoch, a checkpoint every 3 steps,
 # a progress line (and its TensorBoard scalars) every step
@@ -35,6 +35,12 @@ def read_events(folder):
     reader.Reload()
     return reader, {tag: [(e.step, e.value) for e in reader.Scalars(tag)]
                     for tag in reader.Tags()["scalars"]}
+
+
+def train_here(cifar_small, out, *extra):
+    """train.py with ``ARGS`` in the test process; asserts it exited 0."""
+    assert train_in_process(*ARGS, "--data_path", cifar_small["train"], "--output_dir",
+                            str(out), *extra) == 0
 
 
 def train_cmd(cifar_small, out, *extra):
@@ -114,9 +120,7 @@ def test_killed_and_resumed_run_gives_one_curve_equal_to_metrics(tmp_path, cifar
         proc.wait()
     killed_at = saved_steps(out)[-1]
     assert logged > killed_at
-    resumed = subprocess.run(train_cmd(cifar_small, out, *extra, "--resume_ckpt", "auto"),
-                             cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    train_here(cifar_small, out, *extra, "--resume_ckpt", "auto")  # no signal: in-process
     reader, scalars = read_events(out / "tensorboard")
     assert [s for s, _ in scalars["train/loss"]] == list(range(1, 31)), (killed_at, logged)
     assert [s for s, _ in scalars["train/lr"]] == list(range(1, 31))
@@ -146,31 +150,34 @@ def test_killed_and_resumed_run_gives_one_curve_equal_to_metrics(tmp_path, cifar
 
 
 @pytest.mark.slow
-def test_a_failing_writer_leaves_training_bit_identical(tmp_path, cifar_small):
+def test_a_failing_writer_leaves_training_bit_identical(tmp_path, cifar_small, capsys,
+                                                        monkeypatch):
     """A file where output_dir/tensorboard/ should be: one warning, the run ends as it would
     without tracking (every parameter bit-identical); eval.py --plot true --tensorboard true
     puts a confusion matrix that decodes into TensorBoard."""
     plain, blocked = tmp_path / "plain", tmp_path / "blocked"
-    succeeded(subprocess.run(train_cmd(cifar_small, plain, "--epoch_size", "1",
-                                       "--run_eval", "false"),
-                             cwd=ROOT, capture_output=True, text=True, timeout=600, check=False))
+    train_here(cifar_small, plain, "--epoch_size", "1", "--run_eval", "false")
     blocked.mkdir()
     (blocked / "tensorboard").write_text("not a folder")
-    result = succeeded(subprocess.run(
-        train_cmd(cifar_small, blocked, "--epoch_size", "1", "--run_eval", "false",
-                  "--tensorboard", "true"),
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False))
-    assert (result.stdout + result.stderr).count("TensorBoard logging stops") == 1
+    capsys.readouterr()
+    train_here(cifar_small, blocked, "--epoch_size", "1", "--run_eval", "false",
+               "--tensorboard", "true")
+    output = capsys.readouterr()
+    assert (output.out + output.err).count("TensorBoard logging stops") == 1
     ours = ms.load_checkpoint(str(blocked / "resnet18-1_10.ckpt"))
     reference = ms.load_checkpoint(str(plain / "resnet18-1_10.ckpt"))
     tensors = [n for n, v in reference.items() if not isinstance(v, str)]
     assert tensors and all(ours[n].asnumpy().tobytes() == reference[n].asnumpy().tobytes()
                            for n in tensors)
     evaluated = tmp_path / "eval"
-    succeeded(run_entry("eval.py", "--checkpoint_path", plain / "resnet18-1_10.ckpt",
-                        "--net_name", "resnet18", "--class_num", 10, "--data_path",
-                        cifar_small["test"], "--eval_image_size", 32, "--eval_resize", 32,
-                        "--output_dir", evaluated, "--plot", "true", "--tensorboard", "true"))
+    import eval as evaluation
+    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # set once
+    monkeypatch.chdir(tmp_path)
+    assert evaluation.main([
+        "--checkpoint_path", str(plain / "resnet18-1_10.ckpt"), "--net_name", "resnet18",
+        "--class_num", "10", "--data_path", cifar_small["test"], "--eval_image_size", "32",
+        "--eval_resize", "32", "--output_dir", str(evaluated), "--plot", "true",
+        "--tensorboard", "true"]) == 0
     reader, scalars = read_events(evaluated / "tensorboard")
     result = json.load(open(evaluated / "eval_result.json", encoding="utf-8"))
     assert scalars["eval/top1"] == [(0, float(np.float32(result["top1"])))]
