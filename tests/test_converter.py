@@ -1,6 +1,5 @@
 """tools/convert_torch_checkpoint.py: torchvision .pth <-> MindSpore .ckpt, by name, bit-exact."""
 import contextlib
-import importlib
 import io
 import json
 import os
@@ -15,7 +14,7 @@ import torch
 
 from src.models.resnet import NETWORKS, create_network
 from src.utils.checkpoint import load_into_network
-from tests.helpers import CIFAR_SAMPLE, ROOT, slow_beyond
+from tests.helpers import CIFAR_SAMPLE, ROOT, run_in_process, slow_beyond, succeeded
 from tests.torch_resnet import torch_resnet
 from tools import convert_torch_checkpoint
 from tools.convert_torch_checkpoint import (
@@ -199,7 +198,7 @@ def trained_torch_net(ckpt):
 
 
 @pytest.mark.slow
-def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path, monkeypatch):
+def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path):
     """Trained weights (the quick start's checkpoint) as a torchvision .pth, converted with the
     tool: eval.py on the converted checkpoint scores torch's top-1 on the .pth (torchvision's
     eval preprocessing, written out in the alignment tests) on the 200 shipped test images, and
@@ -214,13 +213,11 @@ def test_converted_weights_give_torch_accuracy_in_eval_py(quick_start, tmp_path,
     assert converted.returncode == 0, converted.stderr
     test = os.path.join(CIFAR_SAMPLE, "test")
     resize, crop = 36, 32  # the quick start trains at 32 px; the resize is exercised too
-    evaluation = importlib.import_module("eval")
-    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # context as is
-    monkeypatch.chdir(tmp_path)  # where MindSpore's decoder would write rejected images
-    assert evaluation.main([str(a) for a in (
+    # in this process, from tmp_path (where MindSpore's decoder would write rejected images)
+    succeeded(run_in_process("eval.py", *(str(a) for a in (
         "--net_name", "resnet18", "--class_num", "10", "--eval_image_size", crop,
         "--eval_resize", resize, "--batch_size", "8", "--checkpoint_path", ckpt, "--data_path",
-        test, "--output_dir", tmp_path)]) == 0
+        test, "--output_dir", tmp_path)), cwd=tmp_path))
     ours = json.load(open(tmp_path / "eval_result.json"))
     images, labels = [], []
     for label, cls in enumerate(sorted(os.listdir(test))):

@@ -16,7 +16,7 @@ import pytest
 from src.data.sampling import EpochSampler
 from src.utils.checkpoint import checkpoint_name
 from src.utils.device import check_fusion_config, fusion_config_for
-from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders
+from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_in_process, succeeded
 
 LAUNCH_TIMEOUT = 420  # seconds any launch may take before the test fails
 
@@ -303,7 +303,7 @@ def test_two_hosts_on_loopback(two_hosts):
 
 @pytest.mark.slow
 def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_best(
-        two_hosts, tmp_path, monkeypatch):
+        two_hosts, tmp_path):
     """train.py on 2 ranks (the run of ``two_hosts``) with --run_eval true, a weight EMA,
     LP-FT (fc alone in epoch 1, then layer4 too) and the class-balanced sampler, over an
     eval set whose size (199) does not divide by the ranks: both ranks exit 0 and log the
@@ -358,24 +358,12 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
     last = records[-1]
     assert last["best_top1"] == max(r["top1"] for r in records)
 
-    # eval.py in this process (the configured mode, GRAPH; the context's mode put back
-    # after: the device is set up already, it may not be set again)
-    import eval as eval_entry
-    from src.utils.device import MODES
-    monkeypatch.setattr(eval_entry, "setup_device",
-                        lambda mode, *args, **kwargs: ms.set_context(mode=MODES[mode]))
-    monkeypatch.chdir(tmp_path)  # MindSpore's decoder writes rejected images to the cwd
-    mode = ms.get_context("mode")
-
-    def eval_py(ckpt, use_ema):
+    def eval_py(ckpt, use_ema):  # in this process, from tmp_path (rejected images land there)
         folder = tmp_path / f"eval_{os.path.basename(ckpt)}_{use_ema}"
-        try:
-            assert eval_entry.main([
-                "--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
-                "--data_path", eval_dir, "--checkpoint_path", ckpt, "--use_ema", use_ema,
-                "--output_dir", str(folder)]) == 0
-        finally:
-            ms.set_context(mode=mode)
+        succeeded(run_in_process(
+            "eval.py", "--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+            "--data_path", eval_dir, "--checkpoint_path", ckpt, "--use_ema", use_ema,
+            "--output_dir", str(folder), cwd=tmp_path))
         return json.load(open(folder / "eval_result.json", encoding="utf-8"))
 
     best = max(records, key=lambda r: r["top1"])  # the first of equals: it is not replaced
