@@ -201,7 +201,7 @@ def test_short_cifar10_binary_file_is_named(tmp_path):
         (tmp_path / f"data_batch_{i}.bin").write_bytes(b"\x00" * 3073 * 10000)
     (tmp_path / "data_batch_3.bin").write_bytes(b"\x00" * 3073 * 10)
     message = error_of("train.py", "--config_path", "configs/quick_start.yaml", "--dataset",
-                       "cifar10", "--data_path", tmp_path)
+                       "cifar10", "--data_path", tmp_path, "--output_dir", tmp_path / "out")
     assert "data_batch_3.bin (30730 bytes)" in message and "10000 records of 3073 bytes" in message
 
 
