@@ -4,7 +4,7 @@ adapters turn config keys into the plain arguments of the library (timm's
 training config, the network, the training ``Model``, the data pipelines, the evaluator and
 LP-FT's switch. Imported by the entry points, the benchmarks and the tests only.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import mindspore as ms
@@ -350,8 +350,8 @@ class TrainData:
     steps_per_epoch: int
     batches_per_epoch: int
     cut_epochs: bool
-    class_names: list = field(default_factory=list)
-    train_images: int = 0
+    class_names: list
+    train_images: int
 
 
 def build_data(cfg, rank, device_num):
