@@ -90,7 +90,8 @@ def clip_by_global_norm(grads, max_norm):
     """Scale ``grads`` so their global L2 norm is at most ``max_norm``: each gradient times
     ``max_norm / max(norm, max_norm)`` (TensorFlow's ``clip_by_global_norm``; torch's
     ``clip_grad_norm_`` divides by ``norm + 1e-6``, a relative difference below 1e-6 for norms
-    above 1).
+    above 1). ``HyperMap`` over the gradients: a Python loop over them builds the same
+    operations but compiles many times slower.
 
     Args:
         grads (tuple[Tensor]): Gradients, float32.
@@ -99,11 +100,27 @@ def clip_by_global_norm(grads, max_norm):
     Returns:
         tuple[Tensor]: Clipped gradients.
     """
-    squares = [ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]
-    norm = ops.sqrt(ops.addn(squares))
+    hyper_map = ops.HyperMap()
+    norm = ops.sqrt(ops.addn(hyper_map(_square_sum, grads)))
     max_norm = float(max_norm)
     factor = max_norm / ops.maximum(norm, max_norm)
-    return tuple(g * factor.astype(g.dtype) for g in grads)
+    return hyper_map(ops.partial(_scale, factor), grads)
+
+
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    return ops.reduce_sum(ops.square(grad.astype(ms.float32)))
+
+
+_scale = ops.MultitypeFuncGraph("scale")
+
+
+@_scale.register("Tensor", "Tensor")
+def _scale_tensor(factor, grad):
+    return grad * factor.astype(grad.dtype)
 
 
 class TrainStep(nn.TrainOneStepWithLossScaleCell):
