@@ -29,8 +29,13 @@ def free_port():
 
 def python_first_env():
     """The environment with this interpreter's folder first on PATH: msrun starts its workers
-    with ``python`` from PATH, which must be the one running the tests (venv or not)."""
-    return dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    with ``python`` from PATH, which must be the one running the tests (venv or not).
+
+    ``MS_NODE_TIMEOUT`` 10 s: when a worker exits with a non-zero status, msrun kills the
+    others at once, and one killed before it unregistered keeps MindSpore's scheduler (and so
+    the launch) waiting for its heartbeat time-out, 30 s by default, after every stop."""
+    return dict(os.environ, MS_NODE_TIMEOUT="10",
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
 
 
 def launcher(*args, timeout=LAUNCH_TIMEOUT):
