@@ -18,6 +18,7 @@ from filelock import FileLock
 from src.env import set_cpu_fast_path
 from tests.helpers import (
     CIFAR_SAMPLE,
+    ROOT,
     SHARED_DATA,
     copy_class_folders,
     require_shared_data,
@@ -44,6 +45,23 @@ def pytest_unconfigure(config):
     if cached is not None:
         cached.cache_clear()
     gc.collect()
+
+
+def output_entries():
+    """The names in the repository's ``output/`` (the configs' default output folders)."""
+    folder = os.path.join(ROOT, "output")
+    return set(os.listdir(folder)) if os.path.isdir(folder) else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def repository_output_untouched():
+    """Tests write into temporary folders, never into the repository's ``output/``, where the
+    configs' default ``output_dir`` puts a user's own runs: an entry added there during the
+    session is an error at its end."""
+    before = output_entries()
+    yield
+    added = sorted(output_entries() - before)
+    assert not added, f"tests wrote into the repository's output/: {added} (pass --output_dir)"
 
 
 @pytest.fixture(scope="session")

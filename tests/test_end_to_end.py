@@ -236,7 +236,7 @@ def test_missing_model_files_are_named(cifar_small, tmp_path):
                                 cifar_small["test"])
         assert result.returncode == 2 and str(path) in result.stderr
     result = run_in_process("eval.py", *COMMON, "--checkpoint_path", tmp_path / "nope.ckpt",
-                            "--data_path", cifar_small["test"])
+                            "--data_path", cifar_small["test"], "--output_dir", tmp_path / "eval")
     assert result.returncode == 2 and "checkpoint not found" in result.stderr
 
 
