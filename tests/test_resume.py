@@ -93,12 +93,13 @@ def assert_same_final_state(out, reference, final_name=FINAL):
     assert any(n.startswith(("moments.", "adam_m.")) for n in reference)  # optimizer state too
 
 
-# TrivialAugment-wide, random erasing, mixup/cutmix, stochastic depth, 2 accumulated
+# TrivialAugment-wide, random erasing, mixup/cutmix, stochastic depth, repeated augmentation
+# (3 reads of each image drawn, as timm's ResNet strikes back A1/A2), 2 accumulated
 # micro-batches of 8 (so 5 optimizer steps per epoch, 15 in all), clipping, AdamW and a weight
 # EMA: every random draw and every piece of state must come back after a kill.
 MODERN = ["--auto_augment", "trivialaugment_wide", "--random_erasing", "0.25",
           "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--drop_path_rate", "0.3",
-          "--ema_decay", "0.9",
+          "--aug_repeats", "3", "--ema_decay", "0.9",
           "--ema_warmup", "true", "--grad_accumulation_steps", "2", "--grad_clip_norm", "1.0",
           "--optimizer", "adamw", "--base_lr", "0.002", "--weight_decay", "0.05",
           "--save_checkpoint_steps", "2"]
@@ -109,7 +110,11 @@ MODERN_FINAL = "resnet18-3_5.ckpt"
 def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tmp_path,
                                                                   capsys):
     full = str(tmp_path / "full")
+    capsys.readouterr()
     train_here(cifar_small["train"], full, *MODERN)
+    stdout = capsys.readouterr().out
+    assert "aug_repeats 3: every image drawn is read 3 times" in stdout
+    assert "5 optimizer steps per epoch, 15 in all" in stdout  # repeats keep the epoch's length
     reference = ms.load_checkpoint(os.path.join(full, MODERN_FINAL))
     for prefix in ("ema.", "ema_updates", "adam_m.", "adam_v."):
         assert any(n.startswith(prefix) for n in reference), prefix
@@ -120,7 +125,7 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL, *MODERN)
     assert code == -signal.SIGKILL
     done = saved_steps(out, steps_per_epoch=5)
-    assert done and done[-1] < 15, f"the run was not interrupted mid-way: {done}"
+    assert done and done[-1] < 15 and done[-1] % 5, f"not interrupted mid-epoch: {done}"
     capsys.readouterr()
     train_here(cifar_small["train"], out, *MODERN, "--resume_ckpt", "auto")
     assert f"{done[-1]} steps done" in capsys.readouterr().out
