@@ -2,7 +2,9 @@
 real CIFAR-10 images, with two training cells one after the other, their parameters saved as
 .npz:
 
-- ``onestep``: MindSpore's ``nn.TrainOneStepCell``, per-rank batch B;
+- ``onestep``: this package's ``TrainStep`` with no option on (one call per optimizer step,
+  the cell of a plain recipe; the same operations as MindSpore's ``nn.TrainOneStepCell``),
+  per-rank batch B;
 - ``trainstep``: this package's ``TrainStep`` with gradient accumulation over
   ``ACCUMULATION`` micro-batches (one call each, as ``Model`` feeds them: the all-reduce
   runs in the call that steps the optimizer), global-norm clipping and a weight EMA;
@@ -90,7 +92,7 @@ def train(variant, args, rank):
     optimizer = create_optimizer(net, 0.05, 0.875, 1 / 32768)
     ema = None
     if variant == "onestep":
-        step, per_rank = ms.nn.TrainOneStepCell(with_loss, optimizer), args.batch
+        step, per_rank = TrainStep(with_loss, optimizer), args.batch
     else:
         ema = WeightEma(net, EMA_DECAY)
         step = TrainStep(with_loss, optimizer, grad_clip_norm=CLIP_NORM,

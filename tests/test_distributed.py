@@ -48,8 +48,8 @@ def launcher(*args, timeout=LAUNCH_TIMEOUT):
 @pytest.fixture(scope="module")
 def trained_parameters(tmp_path_factory):
     """``tests/dist_worker.py`` on 2 ranks (one msrun launch) and in one process: the
-    parameters after 3 steps of ``nn.TrainOneStepCell`` and of ``TrainStep`` (accumulation,
-    clipping, EMA), by variant: {"ranks": [rank 0's, rank 1's], "single": ...}; "logs": the
+    parameters after 3 steps of ``TrainStep`` with no option on and with accumulation,
+    clipping and an EMA, by variant: {"ranks": [rank 0's, rank 1's], "single": ...}; "logs": the
     two ranks' msrun logs (the same launch also all-gathers ints across the ranks). On the
     ranks also ``microbatch`` (``TrainStep`` all-reducing every micro-batch) and ``overflow``
     (a dynamic loss scale, an inf gradient on rank 1 alone at step 2)."""
@@ -142,7 +142,8 @@ def test_ranks_draw_their_own_stochastic_depth(trained_parameters):
 
 @pytest.mark.slow
 def test_two_ranks_hold_identical_parameters_equal_to_a_single_process(trained_parameters):
-    """nn.TrainOneStepCell: 3 steps, 2 ranks x 8 images vs 1 process x 16."""
+    """TrainStep with no option on (a plain recipe's cell, one call per step): 3 steps, 2
+    ranks x 8 images vs 1 process x 16."""
     ranks, ref = trained_parameters["onestep"]["ranks"], trained_parameters["onestep"]["single"]
     names = [n for n in ref.files if not n.startswith("init.")]
     assert len(names) == 62
