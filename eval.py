@@ -154,7 +154,9 @@ def main(argv=None):
         return benchmark_inference(cfg)
     check_data_classes(cfg)
     indices = split_indices(cfg)  # None: every image of data_path
-    check_output_dir(cfg.output_dir)  # before the evaluation, not after it
+    # before the evaluation, not after it; created when the result is written (a run
+    # refused by a later check, e.g. of the checkpoint, leaves no empty folder)
+    check_output_dir(cfg.output_dir, create=False)
     setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
@@ -186,6 +188,7 @@ def main(argv=None):
     details = report.summary()
     worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
         details["per_class"], key=lambda c: c["accuracy"])[:3])
+    check_output_dir(cfg.output_dir)
     out = os.path.join(cfg.output_dir, "eval_result.json")
     atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
     print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over {summary['images']} "

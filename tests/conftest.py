@@ -48,19 +48,22 @@ def pytest_unconfigure(config):
 
 
 def output_entries():
-    """The names in the repository's ``output/`` (the configs' default output folders)."""
+    """The names in the repository's ``output/`` (the configs' default output folders), or
+    None when there is no such folder."""
     folder = os.path.join(ROOT, "output")
-    return set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    return set(os.listdir(folder)) if os.path.isdir(folder) else None
 
 
 @pytest.fixture(scope="session", autouse=True)
 def repository_output_untouched():
     """Tests write into temporary folders, never into the repository's ``output/``, where the
-    configs' default ``output_dir`` puts a user's own runs: an entry added there during the
-    session is an error at its end."""
+    configs' default ``output_dir`` puts a user's own runs: the folder made or an entry added
+    there during the session is an error at its end."""
     before = output_entries()
     yield
-    added = sorted(output_entries() - before)
+    after = output_entries()
+    added = "output/ itself" if before is None and after is not None else sorted(
+        (after or set()) - (before or set()))
     assert not added, f"tests wrote into the repository's output/: {added} (pass --output_dir)"
 
 

@@ -235,9 +235,11 @@ def test_missing_model_files_are_named(cifar_small, tmp_path):
         result = run_in_process("predict.py", *COMMON, "--checkpoint_path", path, "--image_path",
                                 cifar_small["test"])
         assert result.returncode == 2 and str(path) in result.stderr
+    out = tmp_path / "eval"
     result = run_in_process("eval.py", *COMMON, "--checkpoint_path", tmp_path / "nope.ckpt",
-                            "--data_path", cifar_small["test"], "--output_dir", tmp_path / "eval")
+                            "--data_path", cifar_small["test"], "--output_dir", out)
     assert result.returncode == 2 and "checkpoint not found" in result.stderr
+    assert not out.exists()  # the refused evaluation made no empty output folder
 
 
 def test_quick_start_scores_well_above_chance(quick_start, tmp_path):

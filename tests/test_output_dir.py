@@ -9,6 +9,7 @@ import pytest
 
 from src.training.output_dir import LOCK_FILE, OutputDirLock, prepare_output_dir, trim_records
 from src.utils.errors import OutputDirError
+from src.utils.files import check_output_dir
 from tests.helpers import run_entry
 
 TRAIN = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
@@ -65,6 +66,31 @@ def test_a_folder_holding_only_checkpoints_is_refused(tmp_path):
     with pytest.raises(OutputDirError, match="holds another run's files \\(resnet18-3_10.ckpt"):
         prepare_output_dir(str(tmp_path), starts_fresh=True, overwrite=False)
     assert prepare_output_dir(str(tmp_path), starts_fresh=False, overwrite=False) is None
+
+
+def test_the_output_check_without_create_leaves_nothing_and_still_names_the_faults(tmp_path):
+    """``create=False`` (eval.py): a missing folder is checked in its nearest existing parent
+    and not made; a file where the folder or a parent goes, and an unwritable parent, are
+    still named."""
+    missing = tmp_path / "a" / "b"
+    check_output_dir(str(missing), create=False)
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputDirError, match="is a file, not a folder"):
+        check_output_dir(str(tmp_path / "file"), create=False)
+    with pytest.raises(OutputDirError, match=f"{tmp_path / 'file'} is a file, not a folder"):
+        check_output_dir(str(tmp_path / "file" / "out"), create=False)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        with pytest.raises(OutputDirError, match="is not writable: Operation not permitted"):
+            check_output_dir(str(locked / "out"), create=False)
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+    check_output_dir(str(missing))  # create=True (the default) makes it
+    assert missing.is_dir()
 
 
 def full_disk():

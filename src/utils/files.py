@@ -6,24 +6,37 @@ import tempfile
 from src.utils.errors import OutputDirError, WriteError
 
 
-def check_output_dir(path, key="output_dir"):
-    """Create ``path`` if missing and check a file can be written in it, before any slow work
-    (a run should not fail at its very end for want of a place to write its result).
+def check_output_dir(path, key="output_dir", create=True):
+    """Check that files can be written in the folder ``path``, before any slow work (a run
+    should not fail at its very end for want of a place to write its result), creating it if
+    missing.
 
     Args:
         path (str): The folder.
         key (str): The config key that named it, for the message.
+        create (bool): False: a missing folder is not created; a temporary folder is created
+            and removed in its nearest existing parent instead, so a run refused after this
+            check leaves nothing behind (the caller creates ``path`` when it writes).
 
     Raises:
-        OutputDirError: If ``path`` is a file, cannot be created, or a file cannot be created
-            in it (permission, read-only filesystem, full disk), naming the key and the path.
+        OutputDirError: If ``path`` (or, with ``create`` False, its nearest existing parent)
+            is a file, or the folder or a file in it cannot be created (permission, read-only
+            filesystem, full disk), naming the key and the path.
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise OutputDirError(f"{key} {path} is a file, not a folder")
     try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_check_"):
-            pass
+        if create or os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".write_check_"):
+                pass
+            return
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise OutputDirError(f"{key} {path}: {parent} is a file, not a folder")
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".write_check_"))
     except OSError as err:
         raise OutputDirError(f"{key} {path} is not writable: {err.strerror or err}") from err
 
