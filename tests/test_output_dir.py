@@ -68,10 +68,9 @@ def test_a_folder_holding_only_checkpoints_is_refused(tmp_path):
     assert prepare_output_dir(str(tmp_path), starts_fresh=False, overwrite=False) is None
 
 
-def test_the_output_check_without_create_leaves_nothing_and_still_names_the_faults(tmp_path):
+def test_the_output_check_without_create_leaves_nothing_and_names_a_file_in_the_way(tmp_path):
     """``create=False`` (eval.py): a missing folder is checked in its nearest existing parent
-    and not made; a file where the folder or a parent goes, and an unwritable parent, are
-    still named."""
+    and not made; a file where the folder or a parent goes is named; the default makes it."""
     missing = tmp_path / "a" / "b"
     check_output_dir(str(missing), create=False)
     assert os.listdir(tmp_path) == []
@@ -80,6 +79,12 @@ def test_the_output_check_without_create_leaves_nothing_and_still_names_the_faul
         check_output_dir(str(tmp_path / "file"), create=False)
     with pytest.raises(OutputDirError, match=f"{tmp_path / 'file'} is a file, not a folder"):
         check_output_dir(str(tmp_path / "file" / "out"), create=False)
+    check_output_dir(str(missing))  # create=True (the default) makes it
+    assert missing.is_dir()
+
+
+def test_the_output_check_without_create_names_an_unwritable_parent(tmp_path):
+    # Root writes into a chmod-000 folder; an immutable one (chattr +i) it cannot.
     locked = tmp_path / "locked"
     locked.mkdir()
     if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
@@ -89,8 +94,7 @@ def test_the_output_check_without_create_leaves_nothing_and_still_names_the_faul
             check_output_dir(str(locked / "out"), create=False)
     finally:
         subprocess.run(["chattr", "-i", str(locked)], check=True)
-    check_output_dir(str(missing))  # create=True (the default) makes it
-    assert missing.is_dir()
+    assert os.listdir(locked) == []
 
 
 def full_disk():
