@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import mindspore as ms
 import numpy as np
@@ -404,99 +405,11 @@ def worker_pids(marker):
     return pids
 
 
-@pytest.mark.slow
-def test_a_killed_worker_fails_the_launch_quickly(tmp_path):
-    """SIGKILL to one worker while both train (after their first step, so the other waits in
-    a collective): the launcher fails, naming the logs, well within the cluster time-out."""
-    out = tmp_path / "killed"
-    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 7)
-    env = python_first_env()
-    proc = subprocess.Popen(  # 70 images: 1 step of 2 x 32 per epoch, 100 epochs
-        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
-         str(free_port()), "--cluster_time_out", "30", train_dir, "configs/quick_start.yaml",
-         str(out), "--epoch_size", "100", "--run_eval", "false", "--log_interval", "1"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline:  # wait until both ranks train (a step line)
-            logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
-            if all(p.exists() and "(global " in p.read_text(errors="replace") for p in logs):
-                break
-            time.sleep(0.2)
-        pids = worker_pids(str(out))
-        assert len(pids) == 2, f"expected 2 workers, found {pids}"
-        killed_at = time.time()
-        os.kill(max(pids), signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=300)
-        elapsed = time.time() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in worker_pids(str(out)):
-            os.kill(pid, signal.SIGKILL)
-    print(f"\n[dist] launch exited {proc.returncode} {elapsed:.0f} s after a worker was killed")
-    assert proc.returncode != 0
-    assert "distributed training failed" in stderr and str(out / "logs") in stderr
-    assert elapsed < 240
-
-
 def rank_of(pid):
     """The RANK_ID msrun gave worker ``pid``."""
     with open(f"/proc/{pid}/environ", "rb") as f:
         environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
     return int(environ[b"RANK_ID"])
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it(
-        tmp_path):
-    """SIGTERM to rank 1 only (which writes nothing): the ranks agree at the step's end, every
-    rank stops after that same step, rank 0 saves it, each exits 143 with a line naming the
-    signal and the rank, and the launcher reports the stop (status 143). With gradient
-    accumulation over 2 micro-batches (2 calls of the training cell per optimizer step): the
-    signal may come between them, the ranks still agree and stop after an optimizer step."""
-    out = tmp_path / "sig"
-    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 32)
-    proc = subprocess.Popen(
-        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
-         str(free_port()), "--cluster_time_out", "60", train_dir,
-         "configs/quick_start.yaml", str(out), "--epoch_size", "50", "--run_eval", "false",
-         "--log_interval", "1", "--batch_size", "16", "--grad_accumulation_steps", "2"],
-        cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline:  # wait until both ranks have trained a few steps
-            logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
-            if all(p.exists() and "(global 3)" in p.read_text(errors="replace") for p in logs):
-                break
-            time.sleep(0.2)
-        pids = {rank_of(pid): pid for pid in worker_pids(str(out))}
-        assert sorted(pids) == [0, 1], pids
-        os.kill(pids[1], signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in worker_pids(str(out)):
-            os.kill(pid, signal.SIGKILL)
-    stopped = [worker_log_lines(out, r, "stopped by SIGTERM at global step") for r in range(2)]
-    print(f"\n[dist] SIGTERM to rank 1: {stopped}; launcher: {stderr.strip()[-300:]}")
-    assert all(len(lines) == 1 for lines in stopped), stdout[-1500:] + stderr[-3000:]
-    steps = [int(lines[0].split("at global step ")[1].split(",")[0]) for lines in stopped]
-    assert steps[0] == steps[1] > 3  # the same step on both ranks, in the middle of training
-    # 320 images: 5 optimizer steps of 2 ranks x 2 micro-batches x 16 per epoch
-    ckpt = out / checkpoint_name("resnet18", steps[0], 5)
-    assert ckpt.exists(), sorted(os.listdir(out))
-    saved = ms.load_checkpoint(str(ckpt))
-    assert int(saved["global_step"].asnumpy()) == steps[0]
-    assert not [n for n in saved if n.startswith("grad_accum")]
-    assert f"saved {ckpt}" in stopped[0][0] and f"saved {ckpt}" in stopped[1][0]
-    for rank in range(2):
-        assert worker_log_lines(out, rank, "rank 1 received SIGTERM"), rank
-        assert not worker_log_lines(out, rank, "Traceback"), rank
-    assert f"stopped by SIGTERM at global step {steps[0]}" in stderr
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
 
 
 def faulty_launch(out, train_dir, *train_args, fault=()):
@@ -529,24 +442,222 @@ def stop_lines(out):
     return ranks
 
 
+def end_launch(proc, out):
+    """SIGKILL the launch ``proc`` if it still runs, and any worker of ``out`` left."""
+    if proc.poll() is None:
+        proc.kill()
+    for pid in worker_pids(str(out)):
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def finish(proc, out, timeout):
+    """Wait for the launch ``proc`` (ended by ``end_launch`` if it outlives ``timeout`` s);
+    returns (stdout, stderr)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        end_launch(proc, out)
+
+
+def launch_killing_a_worker(root):
+    """SIGKILL to one worker while both train (after their first step, so the other waits in
+    a collective): quick_start.yaml on 70 images (1 step of 2 x 32 per epoch, 100 epochs).
+    Returns {"returncode", "stderr", "elapsed": s from the kill to the launch's end, "out"}."""
+    out = root / "killed"
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "t"), 7)
+    proc = subprocess.Popen(
+        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
+         str(free_port()), "--cluster_time_out", "30", train_dir, "configs/quick_start.yaml",
+         str(out), "--epoch_size", "100", "--run_eval", "false", "--log_interval", "1"],
+        cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # wait until both ranks train (a step line)
+            logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
+            if all(p.exists() and "(global " in p.read_text(errors="replace") for p in logs):
+                break
+            time.sleep(0.2)
+        pids = worker_pids(str(out))
+        assert len(pids) == 2, f"expected 2 workers, found {pids}"
+        killed_at = time.time()
+        os.kill(max(pids), signal.SIGKILL)
+    except BaseException:
+        end_launch(proc, out)
+        raise
+    _, stderr = finish(proc, out, 300)
+    return {"returncode": proc.returncode, "stderr": stderr, "out": out,
+            "elapsed": time.time() - killed_at}
+
+
+def launch_sigterm_to_rank_1(root):
+    """SIGTERM to rank 1 alone once both ranks logged global step 3: quick_start.yaml on 320
+    images, batch 16, 2 accumulated micro-batches (5 optimizer steps of 2 ranks x 2 x 16 per
+    epoch), 50 epochs. Returns {"returncode", "stdout", "stderr", "out"}."""
+    out = root / "sig"
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "t"), 32)
+    proc = subprocess.Popen(
+        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), "--master_port",
+         str(free_port()), "--cluster_time_out", "60", train_dir,
+         "configs/quick_start.yaml", str(out), "--epoch_size", "50", "--run_eval", "false",
+         "--log_interval", "1", "--batch_size", "16", "--grad_accumulation_steps", "2"],
+        cwd=ROOT, env=python_first_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # wait until both ranks have trained a few steps
+            logs = [out / "logs" / f"worker_{r}.log" for r in range(2)]
+            if all(p.exists() and "(global 3)" in p.read_text(errors="replace") for p in logs):
+                break
+            time.sleep(0.2)
+        pids = {rank_of(pid): pid for pid in worker_pids(str(out))}
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGTERM)
+    except BaseException:
+        end_launch(proc, out)
+        raise
+    stdout, stderr = finish(proc, out, 240)
+    return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "out": out}
+
+
+def launch_with_a_nan_on_rank_1(root):
+    """Rank 1's third batch with NaN soft targets (mixup, ``tests/rank_fault.py``), 320 images:
+    5 steps of 2 x 32, a checkpoint every 2 steps. Returns {"returncode", "stdout", "stderr",
+    "out"}."""
+    out = root / "nan"
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "t"), 32)
+    proc = faulty_launch(out, train_dir, "--epoch_size", "1", "--run_eval", "false",
+                         "--mixup_alpha", "0.2", "--save_checkpoint_steps", "2",
+                         fault=("--nan_rank", "1", "--nan_batch", "3"))
+    stdout, stderr = finish(proc, out, LAUNCH_TIMEOUT)
+    return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "out": out}
+
+
+# Makes a folder (with a file in it) where the checkpoint LAST goes as soon as FIRST exists;
+# a process of its own, so that the moment does not wait for the test process (its threads
+# share one interpreter lock with whatever the module's other tests run meanwhile).
+BLOCK_WHEN = """import os, sys, time
+first, last, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
+while not os.path.exists(first) and time.time() < deadline:
+    time.sleep(0.05)
+os.mkdir(last)
+open(os.path.join(last, "keep"), "w").close()
+"""
+
+
+def launch_with_an_unwritable_last_checkpoint(root):
+    """Rank 0's last checkpoint (step 8) cannot be written: a folder stands where the file
+    goes, made once the checkpoint of step 2 exists (6 steps and an evaluation ahead); 260
+    images: 4 steps of 2 x 32 per epoch, 2 epochs, an evaluation each. Returns
+    {"returncode", "stdout", "stderr", "out"}."""
+    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "t"), 26)
+    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(root / "e"), 5)
+    out = root / "unwritable"
+    first, last = (out / checkpoint_name("resnet18", step, 4) for step in (2, 8))
+    blocker = subprocess.Popen([sys.executable, "-c", BLOCK_WHEN, str(first), str(last),
+                                str(LAUNCH_TIMEOUT)])
+    proc = faulty_launch(out, train_dir, "--eval_data_path", eval_dir,
+                         "--epoch_size", "2", "--run_eval", "true", "--eval_interval", "1",
+                         "--save_checkpoint_steps", "2", "--save_checkpoint_epochs", "1")
+    try:
+        stdout, stderr = finish(proc, out, LAUNCH_TIMEOUT)
+    finally:
+        if blocker.poll() is None:
+            blocker.kill()
+        blocker.wait()
+    return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "out": out}
+
+
+# The launches of the fault scenarios, by the test that checks each.
+FAULT_LAUNCHES = {
+    "test_a_killed_worker_fails_the_launch_quickly": launch_killing_a_worker,
+    "test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it":
+        launch_sigterm_to_rank_1,
+    "test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step":
+        launch_with_a_nan_on_rank_1,
+    "test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with_status_4":
+        launch_with_an_unwritable_last_checkpoint,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_launches(request, tmp_path_factory):
+    """The launches of ``FAULT_LAUNCHES`` whose tests are selected, started together in
+    background threads before the module's first test, each in its own folder on its own
+    port: their ranks spend much of a launch waiting (the collective start-up, msrun's
+    heartbeat time-out after a stop), and those waits overlap the module's other tests.
+    Yields {test name: a Future of its launch's result}; ends once every launch has."""
+    selected = {item.name for item in request.session.items
+                if getattr(item, "module", None) is request.module}
+    launches = {name: launch for name, launch in FAULT_LAUNCHES.items() if name in selected}
+    if not launches:
+        yield {}
+        return
+    with ThreadPoolExecutor(max_workers=len(launches)) as pool:
+        yield {name: pool.submit(launch, tmp_path_factory.mktemp("fault"))
+               for name, launch in launches.items()}
+
+
 @pytest.mark.slow
-def test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step(tmp_path):
+def test_a_killed_worker_fails_the_launch_quickly(fault_launches):
+    """SIGKILL to one worker while both train (after their first step, so the other waits in
+    a collective): the launcher fails, naming the logs, well within the cluster time-out."""
+    run = fault_launches["test_a_killed_worker_fails_the_launch_quickly"].result()
+    print(f"\n[dist] launch exited {run['returncode']} {run['elapsed']:.0f} s after a worker "
+          f"was killed")
+    assert run["returncode"] != 0
+    assert "distributed training failed" in run["stderr"]
+    assert str(run["out"] / "logs") in run["stderr"]
+    assert run["elapsed"] < 240
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it(
+        fault_launches):
+    """SIGTERM to rank 1 only (which writes nothing): the ranks agree at the step's end, every
+    rank stops after that same step, rank 0 saves it, each exits 143 with a line naming the
+    signal and the rank, and the launcher reports the stop (status 143). With gradient
+    accumulation over 2 micro-batches (2 calls of the training cell per optimizer step): the
+    signal may come between them, the ranks still agree and stop after an optimizer step."""
+    run = fault_launches[
+        "test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it"
+    ].result()
+    out, stdout, stderr = run["out"], run["stdout"], run["stderr"]
+    stopped = [worker_log_lines(out, r, "stopped by SIGTERM at global step") for r in range(2)]
+    print(f"\n[dist] SIGTERM to rank 1: {stopped}; launcher: {stderr.strip()[-300:]}")
+    assert all(len(lines) == 1 for lines in stopped), stdout[-1500:] + stderr[-3000:]
+    steps = [int(lines[0].split("at global step ")[1].split(",")[0]) for lines in stopped]
+    assert steps[0] == steps[1] > 3  # the same step on both ranks, in the middle of training
+    # 320 images: 5 optimizer steps of 2 ranks x 2 micro-batches x 16 per epoch
+    ckpt = out / checkpoint_name("resnet18", steps[0], 5)
+    assert ckpt.exists(), sorted(os.listdir(out))
+    saved = ms.load_checkpoint(str(ckpt))
+    assert int(saved["global_step"].asnumpy()) == steps[0]
+    assert not [n for n in saved if n.startswith("grad_accum")]
+    assert f"saved {ckpt}" in stopped[0][0] and f"saved {ckpt}" in stopped[1][0]
+    for rank in range(2):
+        assert worker_log_lines(out, rank, "rank 1 received SIGTERM"), rank
+        assert not worker_log_lines(out, rank, "Traceback"), rank
+    assert f"stopped by SIGTERM at global step {steps[0]}" in stderr
+    assert run["returncode"] == 128 + signal.SIGTERM, stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step(fault_launches):
     """Rank 1's third batch has NaN soft targets (mixup; ``tests/rank_fault.py``; rank 0's
     data is clean, so its own loss at that step is finite): the ranks agree on the stop in
     the step's exchange, both stop after global step 3 and exit 3 (not one exiting while the
     other waits in the next all-reduce until msrun kills it); rank 0 names its checkpoint of
     step 2 as the last good one, rank 1 its own non-finite loss."""
-    out = tmp_path / "nan"  # 320 images: 5 steps of 2 x 32
-    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 32)
-    proc = faulty_launch(out, train_dir, "--epoch_size", "1", "--run_eval", "false",
-                         "--mixup_alpha", "0.2", "--save_checkpoint_steps", "2",
-                         fault=("--nan_rank", "1", "--nan_batch", "3"))
-    stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    run = fault_launches[
+        "test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step"].result()
+    out = run["out"]
     (status0, lines0), (status1, lines1) = stop_lines(out)
     print(f"\n[dist] NaN on rank 1: rank 0 exit {status0} {lines0}\n rank 1 exit {status1} "
           f"{lines1}")
     last_good = out / checkpoint_name("resnet18", 2, 5)
-    assert (status0, status1) == (3, 3), stdout[-1500:] + stderr[-1500:]
+    assert (status0, status1) == (3, 3), run["stdout"][-1500:] + run["stderr"][-1500:]
     assert last_good.exists() and not (out / checkpoint_name("resnet18", 3, 5)).exists()
     agreed = "stopping every rank after global step 3: rank 1 stopped (non-finite loss)"
     assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
@@ -557,39 +668,27 @@ def test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step(tm
     for rank in range(2):
         assert not worker_log_lines(out, rank, "(global 4)"), rank  # no step after it
         assert not worker_log_lines(out, rank, "Traceback"), rank
-    assert proc.returncode != 0
+    assert run["returncode"] != 0
 
 
 @pytest.mark.slow
 def test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with_status_4(
-        tmp_path):
+        fault_launches):
     """Rank 0's last checkpoint (step 8, after the evaluation of epoch 2, which has
     collectives of its own) cannot be written: a folder stands where the file goes, made
     while the run trains (once the checkpoint of step 2 exists: 6 steps and an evaluation
     ahead). The ranks agree on it at the exchange that ends the epoch: both exit 4 (rank 1
     would otherwise end 0, the run complete for it); rank 0 names the checkpoint of step 6
     as the last good one, rank 1 says rank 0 stopped and why."""
-    train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(tmp_path / "t"), 26)
-    eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "e"), 5)
-    out = tmp_path / "unwritable"  # 260 images: 4 steps of 2 x 32 per epoch
-    proc = faulty_launch(out, train_dir, "--eval_data_path", eval_dir,
-                         "--epoch_size", "2", "--run_eval", "true", "--eval_interval", "1",
-                         "--save_checkpoint_steps", "2", "--save_checkpoint_epochs", "1")
-    first, good, last = (out / checkpoint_name("resnet18", step, 4) for step in (2, 6, 8))
-    try:
-        deadline = time.time() + LAUNCH_TIMEOUT
-        while not first.exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        last.mkdir()
-        (last / "keep").write_text("")
-        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    run = fault_launches[
+        "test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with_status_4"
+    ].result()
+    out = run["out"]
+    good, last = (out / checkpoint_name("resnet18", step, 4) for step in (6, 8))
     (status0, lines0), (status1, lines1) = stop_lines(out)
     print(f"\n[dist] checkpoint not written on rank 0: rank 0 exit {status0} {lines0}\n rank 1 "
           f"exit {status1} {lines1}")
-    assert (status0, status1) == (4, 4), stdout[-1500:] + stderr[-1500:]
+    assert (status0, status1) == (4, 4), run["stdout"][-1500:] + run["stderr"][-1500:]
     agreed = ("stopping every rank after global step 8: rank 0 stopped (a file not written: "
               "a checkpoint, metrics.jsonl or train.log)")
     assert any(agreed in line for line in lines0) and any(agreed in line for line in lines1)
