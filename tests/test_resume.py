@@ -56,13 +56,14 @@ def checkpoints_in(out):
 
 @pytest.fixture(scope="module")
 def full_run(interrupted_run, tmp_path_factory):
-    """The folder of a finished run of 3 epochs (30 steps, a checkpoint every 3 steps and at
+    """The folder of a finished run of 3 epochs (30 steps, a checkpoint every 9 steps and at
     each epoch's end, all kept), the uninterrupted twin of ``interrupted_run`` (its data and
-    arguments: evaluated each epoch, TensorBoard on): the reference of the resumed runs, and
-    the checkpoints the checks of resumable files start from (``resnet18-1_9.ckpt``,
-    ``resnet18-1_10.ckpt``)."""
+    arguments, evaluated each epoch, TensorBoard on, but for saving every 9 steps, not 3: when
+    to save changes nothing trained): the reference of the resumed runs, and the checkpoints
+    the checks of resumable files start from (``resnet18-1_9.ckpt``, ``resnet18-1_10.ckpt``)."""
     out = str(tmp_path_factory.mktemp("full"))
-    assert train_in_process(*train_args(interrupted_run, out)) == 0
+    assert train_in_process(*train_args(interrupted_run, out, "--save_checkpoint_steps",
+                                        "9")) == 0
     return out
 
 
