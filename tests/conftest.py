@@ -140,3 +140,19 @@ def quick_start(tmp_path_factory):
         quick start script evaluates).
     """
     return shared_between_workers(tmp_path_factory, "quick_start", train_quick_start)
+
+
+@pytest.fixture(scope="session")
+def interrupted_run(tmp_path_factory):
+    """A run with every piece of resumable state, stopped by SIGKILL, SIGTERM and SIGINT and
+    resumed each time (``tests/interrupted_run.py``), once per session
+    (``shared_between_workers``): its output folder and what each process reported, for the
+    resume checks (test_resume.py) and the TensorBoard curve checks (test_tracking.py). Tests
+    read its files and write elsewhere.
+
+    Returns:
+        dict: See ``build_interrupted_run``.
+    """
+    from tests.interrupted_run import build_interrupted_run
+
+    return shared_between_workers(tmp_path_factory, "interrupted_run", build_interrupted_run)

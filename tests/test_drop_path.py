@@ -243,24 +243,25 @@ def test_training_cell_advances_the_counter_after_each_call(graph_mode):
     """Call n of the training cell (micro-batches counted, with accumulation too) draws with
     counter n: its loss is the network's loss with ``drop_path_step`` set to n (BatchNorm
     frozen and LR 0, so nothing else changes between calls)."""
+    net = create_network("resnet18", 10, drop_path_rate=0.9, drop_path_seed=4)
+    freeze_batchnorm(net)
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 10, 8).astype(np.int32))
+    probe = nn.WithLossCell(net, CrossEntropySmooth(0.0, 10))
+    probe.set_train()
+    drawn = []  # the network's loss with the counter set to n (LR 0: the weights stay)
+    for n in range(4):
+        net.drop_path_step.set_data(ms.Tensor(n, ms.int32))
+        drawn.append(float(probe(x, y).asnumpy()))
     for accumulation in (1, 2):
-        net = create_network("resnet18", 10, drop_path_rate=0.9, drop_path_seed=4)
-        freeze_batchnorm(net)
-        loss_cell = nn.WithLossCell(net, CrossEntropySmooth(0.0, 10))
-        step = TrainStep(loss_cell, create_optimizer(net, 0.0, 0.9, 0.0),
-                         accumulation_steps=accumulation)
+        net.drop_path_step.set_data(ms.Tensor(0, ms.int32))
+        step = TrainStep(nn.WithLossCell(net, CrossEntropySmooth(0.0, 10)),
+                         create_optimizer(net, 0.0, 0.9, 0.0), accumulation_steps=accumulation)
         step.set_train()
-        rng = np.random.default_rng(0)
-        x = ms.Tensor(rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
-        y = ms.Tensor(rng.integers(0, 10, 8).astype(np.int32))
         losses = [float(step(x, y).asnumpy()) for _ in range(4)]
         assert int(net.drop_path_step.asnumpy()) == 4
-        probe = nn.WithLossCell(net, CrossEntropySmooth(0.0, 10))
-        probe.set_train()
-        expected = []
-        for n in range(4):
-            net.drop_path_step.set_data(ms.Tensor(n, ms.int32))
-            expected.append(float(probe(x, y).asnumpy()))
+        expected = list(drawn)
         if accumulation == 2:  # the stepping call returns the mean of the two micro-batches
             expected[1] = (expected[0] + expected[1]) / 2
             expected[3] = (expected[2] + expected[3]) / 2

@@ -13,7 +13,7 @@ from src.models.freeze import set_trainable_layers
 from src.models.resnet import create_network
 from src.training.optimizer import create_optimizer
 from src.utils.config import ConfigError, parse_config
-from tests.helpers import run_entry, train_in_process
+from tests.helpers import run_in_process, train_in_process
 
 # ResNet-18 at 32 px on 80 real CIFAR-10 images (cifar_small), batch 8: 10 steps per epoch.
 ARGS = ["--config_path", "configs/quick_start.yaml", "--batch_size", "8",
@@ -177,7 +177,7 @@ def test_frozen_batchnorm_allows_a_batch_of_one_at_32_px():
 
 
 def test_bad_trainable_layers_exits_2_with_the_key_named(tmp_path):
-    result = run_entry("train.py", "--data_path", str(tmp_path), "--trainable_layers", "9")
+    result = run_in_process("train.py", "--data_path", str(tmp_path), "--trainable_layers", "9")
     assert result.returncode == 2
     assert "trainable_layers must be in 0..5" in result.stderr
     assert "Traceback" not in result.stderr

@@ -16,17 +16,13 @@ import pytest
 
 from src.utils.config import ConfigError
 from src.utils.errors import UserError
-from tests.helpers import ROOT, run_entry, train_in_process
+from tests.helpers import ROOT, run_in_process, train_in_process
+from tests.interrupted_run import ARGS, FINAL, STEPS, STEPS_PER_EPOCH, saved_steps, train_args
 
-# ResNet-18, 32 px, 80 real images, batch 8: 10 steps per epoch, 30 in all, a checkpoint every
-# 3 steps. Two data workers, so the data order must be deterministic across processes (the
-# uninterrupted references train in the test process, the killed runs in their own).
-ARGS = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "32",
-        "--eval_image_size", "32", "--eval_resize", "32",
-        "--batch_size", "8", "--epoch_size", "3", "--save_checkpoint_steps", "3",
-        "--save_checkpoint_epochs", "1", "--keep_checkpoint_max", "20", "--run_eval", "false",
-        "--num_parallel_workers", "2", "--log_interval", "1"]
-FINAL = "resnet18-3_10.ckpt"
+# ARGS: ResNet-18, 32 px, 80 real images, batch 8: 10 steps per epoch, 30 in all, a checkpoint
+# every 3 steps (tests/interrupted_run.py). Two data workers, so the data order must be
+# deterministic across processes (the uninterrupted references train in the test process, the
+# killed runs in their own).
 
 
 def train_here(data, out, *extra):
@@ -58,19 +54,16 @@ def checkpoints_in(out):
             if not n.endswith(".partial.ckpt")]
 
 
-def saved_steps(out, steps_per_epoch=10):
-    names = checkpoints_in(out)
-    return sorted((int(n.split("-")[-1].split("_")[0]) - 1) * steps_per_epoch
-                  + int(n.split("_")[-1][:-5]) for n in names)
-
-
 @pytest.fixture(scope="module")
-def full_run(cifar_small, tmp_path_factory):
-    """The folder of a finished run of 3 epochs (30 steps, a checkpoint every 3 steps and at
-    each epoch's end, all kept): the reference of the resumed runs, and the checkpoints the
-    checks of resumable files start from (``resnet18-1_9.ckpt``, ``resnet18-1_10.ckpt``)."""
+def full_run(interrupted_run, tmp_path_factory):
+    """The folder of a finished run of 3 epochs (30 steps, a checkpoint every 9 steps and at
+    each epoch's end, all kept), the uninterrupted twin of ``interrupted_run`` (its data and
+    arguments, evaluated each epoch, TensorBoard on, but for saving every 9 steps, not 3: when
+    to save changes nothing trained): the reference of the resumed runs, and the checkpoints
+    the checks of resumable files start from (``resnet18-1_9.ckpt``, ``resnet18-1_10.ckpt``)."""
     out = str(tmp_path_factory.mktemp("full"))
-    train_here(cifar_small["train"], out)
+    assert train_in_process(*train_args(interrupted_run, out, "--save_checkpoint_steps",
+                                        "9")) == 0
     return out
 
 
@@ -134,58 +127,62 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     assert_same_final_state(out, reference, MODERN_FINAL)
 
 
+def process_output(stage):
+    """A stage of ``interrupted_run``'s output tails, for a failure message."""
+    return f"exit {stage['code']}\n{stage.get('stdout', '')[-2000:]}\n{stage['stderr']}"
+
+
 @pytest.mark.slow
-def test_sigkill_sigterm_and_sigint_each_resume_exactly(cifar_small, uninterrupted, tmp_path,
-                                                        capsys):
+def test_sigkill_sigterm_and_sigint_each_resume_exactly(uninterrupted, interrupted_run):
     """One run stopped three times, each time as soon as it wrote a checkpoint: SIGKILL (it
     resumes from its newest checkpoint), then, in the resumed run, SIGTERM, then SIGINT (each
     saves at the step it stops and exits 128 + the signal); each resume continues at the step
     the stop left, and the run ends bit-identical to the uninterrupted one, one record per
     epoch. (The three interruptions were three runs; their checks are kept one by one.)"""
-    data, out = cifar_small["train"], str(tmp_path)
-    code, _, _ = start_and_interrupt(data, out, signal.SIGKILL)
-    assert code == -signal.SIGKILL
-    done = saved_steps(out)
-    assert done and done[-1] < 30, f"the run was not interrupted mid-way: {done}"
-    print(f"\n[resume] killed after step {done[-1]} of 30")
+    killed = interrupted_run["killed"]
+    assert killed["code"] == -signal.SIGKILL, killed["stderr"]
+    done = killed["saved"]
+    assert done and done[-1] < STEPS, f"the run was not interrupted mid-way: {done}"
+    print(f"\n[resume] killed after step {done[-1]} of {STEPS}")
     step = done[-1]
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        code, stdout, _ = start_and_interrupt(data, out, signum, "--resume_ckpt", "auto")
+    for stage in interrupted_run["stops"]:
+        stdout = stage["stdout"]
         # it resumed where the last stop left it (a silent restart would also end bit-identical)
-        assert f"{step} steps done" in stdout, stdout[-2000:]
+        assert f"{step} steps done" in stdout, process_output(stage)
         assert f"(global {step})" not in stdout and f"(global {step + 1})" in stdout
-        step = stopped_by_signal(out, code, stdout, signum, step)
-    capsys.readouterr()
-    train_here(data, out, "--resume_ckpt", "auto")  # the last resume: no signal, in-process
-    resumed = capsys.readouterr().out
+        step = stopped_by_signal(stage, step)
+    final = interrupted_run["final"]
+    assert final["code"] == 0, process_output(final)  # the last resume: no signal, in-process
+    resumed = final["stdout"]
     assert f"{step} steps done" in resumed, resumed[-2000:]
     assert f"(global {step})" not in resumed and f"(global {step + 1})" in resumed
     print(f"[resume] stopped again at step {step}; the resumed run ends bit-identical")
+    out = interrupted_run["out"]
     assert_same_final_state(out, uninterrupted)
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["epoch"] for r in records] == [1, 2, 3]  # exactly one record per epoch
 
 
-def stopped_by_signal(out, code, stdout, signum, resumed_at):
-    """Checks of a run stopped by ``signum`` (resumed at step ``resumed_at``): it says so,
-    exits 128 + the signal, tells how to resume, saved the step it stopped at and wrote whole
-    epochs' records only. Returns that step."""
+def stopped_by_signal(stage, resumed_at):
+    """Checks of a run of ``interrupted_run`` stopped by a signal (resumed at step
+    ``resumed_at``): it says so, exits 128 + the signal, tells how to resume, saved the step
+    it stopped at and wrote whole epochs' records only. Returns that step."""
     # MindSpore's data engine answers SIGINT (Ctrl-C) by sending the process a SIGTERM, which
     # may be the one train.py sees first: either way it saves and stops cleanly.
     # While a compiled step runs, MindSpore's runtime turns a Ctrl-C into a SIGTERM; the exit
     # status is the shell's for the signal reported (130 SIGINT, 143 SIGTERM). A Ctrl-C that
     # reaches train.py's own handler exits 130 (test_train_safety.py checks it at start-up).
-    names = [signal.Signals(signum).name] + (["SIGTERM"] if signum == signal.SIGINT else [])
+    stdout, code = stage["stdout"], stage["code"]
+    names = [stage["signal"]] + (["SIGTERM"] if stage["signal"] == "SIGINT" else [])
     reported = [n for n in names if f"stopped by {n} at global step" in stdout]
-    assert reported, stdout[-2000:]
+    assert reported, process_output(stage)
     name = reported[0]
     assert code == 128 + getattr(signal, name), (code, name)
     assert "--resume_ckpt auto" in stdout
     step = int(stdout.split(f"stopped by {name} at global step ")[1].split(",")[0])
-    metrics = os.path.join(out, "metrics.jsonl")
-    records = open(metrics).readlines() if os.path.exists(metrics) else []
-    assert all('"step": 10' in r or '"step": 20' in r for r in records)  # whole epochs only
-    assert step in saved_steps(out) and resumed_at < step < 30, (resumed_at, step)
+    ends = [f'"step": {e * STEPS_PER_EPOCH}' for e in range(1, 3)]
+    assert all(any(e in r for e in ends) for r in stage["records"])  # whole epochs only
+    assert step in stage["saved"] and resumed_at < step < STEPS, (resumed_at, step)
     return step
 
 
@@ -239,8 +236,8 @@ def test_checkpoints_store_the_run_config_and_resume_checks_it(full_run, cifar_s
     assert stored["batch_size"] == 8 and stored["device_num"] == 1 and stored["epoch_size"] == 3
     resume = ["--data_path", cifar_small["train"], "--output_dir", full_run, "--resume_ckpt",
               os.path.join(full_run, "resnet18-1_9.ckpt")]
-    # as a user sees it: train.py exits 2 with the key named
-    result = run_entry("train.py", *ARGS, "--epoch_size", "2", *resume)
+    # as a user sees it: train.py exits 2 with the key named (its run_entry_point, in-process)
+    result = run_in_process("train.py", *ARGS, "--epoch_size", "2", *resume)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "other epoch_size" in result.stderr and "--resume_ignore_config true" in result.stderr
     for key, value in (("batch_size", "4"), ("base_lr", "0.3")):  # the same check in-process

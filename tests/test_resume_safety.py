@@ -19,7 +19,7 @@ from src.training.resume import MAY_DIFFER, check_same_recipe
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint, read_checkpoint, stored_best
 from src.utils.config import ConfigError, parse_config
 from src.utils.errors import UserError
-from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_entry, train_in_process
+from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_in_process, train_in_process
 from tests.test_run_files import folder_bytes
 
 NET = "resnet18"
@@ -185,9 +185,9 @@ def test_an_image_the_decoder_rejects_mid_run_names_it_and_the_last_good_checkpo
         image.save(bad, "WEBP")
     # run from tmp_path: MindSpore's decoder writes the file it rejects to ./unsupported_image.*
     args = [os.path.join(ROOT, a) if a.startswith("configs/") else a for a in COMMON]
-    result = run_entry("train.py", *args, "--data_path", data, "--eval_data_path",
-                       finished["test"], "--output_dir", out, "--resume_ckpt", "auto",
-                       "--check_images", "false", timeout=900, cwd=tmp_path)
+    result = run_in_process("train.py", *args, "--data_path", data, "--eval_data_path",
+                            finished["test"], "--output_dir", out, "--resume_ckpt", "auto",
+                            "--check_images", "false", cwd=tmp_path)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     line = last_line(result)
     assert f"cannot decode image {bad}" in line

@@ -12,7 +12,7 @@ from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.checkpoint import checkpoint_name
 from src.utils.files import append_line, atomic_write_text
-from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_entry, succeeded
+from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_in_process, train_in_process
 
 LOG = logging.getLogger("test")
 
@@ -46,15 +46,14 @@ def test_a_refused_resume_writes_nothing(tmp_path):
               "--eval_data_path", "",
               "--run_eval", "false", "--num_parallel_workers", "1", "--output_dir", out,
               "--save_checkpoint_epochs", "1", "--keep_checkpoint_max", "5"]
-    succeeded(run_entry("train.py", *common, "--epoch_size", "2", timeout=600))
+    assert train_in_process(*common, "--epoch_size", "2") == 0
     os.remove(os.path.join(out, checkpoint_name("resnet18", 6, 3)))  # as if killed in epoch 2
     before = folder_bytes(out)
     assert {"config.yaml", "metrics.jsonl", "train.log", "val_split.txt"} <= set(before)
     cat = os.path.join(data, "cat")
     first = sorted(os.listdir(cat))[0]
     os.rename(os.path.join(cat, first), os.path.join(cat, "renamed_" + first))
-    result = run_entry("train.py", *common, "--epoch_size", "2", "--resume_ckpt", "auto",
-                       timeout=600)
+    result = run_in_process("train.py", *common, "--epoch_size", "2", "--resume_ckpt", "auto")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "val_split 0.25 with seed 1 now splits" in result.stderr.strip().splitlines()[-1]
     assert folder_bytes(out) == before
