@@ -31,11 +31,12 @@ COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--train_image_size"
 @pytest.fixture(scope="module")
 def trained(cifar_small, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("train"))
-    # a fresh interpreter, as a user runs it (the other tests run the entry points in-process)
-    result = succeeded(run_entry("train.py", *COMMON, "--data_path", cifar_small["train"],
-                                 "--eval_data_path", cifar_small["test"], "--run_eval", "true",
-                                 "--batch_size", "16", "--epoch_size", "2", "--log_interval", "2",
-                                 "--output_dir", out))
+    # in-process: train.py runs in a fresh interpreter, as a user runs it, in the session's
+    # quick_start fixture (tests/conftest.py); eval.py, export.py and predict.py do once below
+    result = succeeded(run_in_process("train.py", *COMMON, "--data_path", cifar_small["train"],
+                                      "--eval_data_path", cifar_small["test"], "--run_eval",
+                                      "true", "--batch_size", "16", "--epoch_size", "2",
+                                      "--log_interval", "2", "--output_dir", out))
     return {"out": out, "log": result.stdout, "ckpt": os.path.join(out, "resnet18-2_5.ckpt"),
             **cifar_small}
 
@@ -82,61 +83,65 @@ def checkpoint_logits(ckpt, images):
     return net(ms.Tensor(images)).asnumpy()
 
 
-def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, tmp_path):
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """The trained checkpoint exported with batch 4, once for the tests below (they read the
+    files and write elsewhere): ``MINDIR`` (default settings), ``ONNX`` (``--fold_bn true``)
+    and ``ONNX unfolded`` (``--fold_bn false``); ``stdout``: each export's output."""
+    folder = tmp_path_factory.mktemp("exported")
+    files, stdout = {}, {}
+    for key, fmt, fold in (("MINDIR", "MINDIR", []), ("ONNX", "ONNX", ["--fold_bn", "true"]),
+                           ("ONNX unfolded", "ONNX", ["--fold_bn", "false"])):
+        name = str(folder / f"r18_{key.replace(' ', '_')}")
+        run = run_entry if key == "MINDIR" else run_in_process  # export.py fresh once
+        stdout[key] = succeeded(run("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
+                                    "--file_format", fmt, "--file_name", name, "--batch_size",
+                                    "4", *fold)).stdout
+        files[key] = name + (".mindir" if fmt == "MINDIR" else ".onnx")
+    return {**files, "stdout": stdout}
+
+
+def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, exported):
     images = preprocess_images(list_images(trained["test"])[:4], 32, 32)
     expected = checkpoint_logits(trained["ckpt"], images)
     scale = np.abs(expected).max()
-    for fmt, suffix in (("MINDIR", ".mindir"), ("ONNX", ".onnx")):
-        name = str(tmp_path / f"r18_{fmt}")
-        run = run_entry if fmt == "MINDIR" else run_in_process  # export.py fresh once
-        succeeded(run("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
-                      "--file_format", fmt, "--file_name", name, "--batch_size", "4"))
+    for fmt in ("MINDIR", "ONNX"):
         if fmt == "MINDIR":
-            got = ms.nn.GraphCell(ms.load(name + suffix))(ms.Tensor(images)).asnumpy()
+            got = ms.nn.GraphCell(ms.load(exported[fmt]))(ms.Tensor(images)).asnumpy()
         else:
             import onnxruntime as ort
-            session = ort.InferenceSession(name + suffix, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(exported[fmt], providers=["CPUExecutionProvider"])
             assert [i.name for i in session.get_inputs()] == ["image"]
             got = session.run(["logits"], {"image": images})[0]
         assert got.shape == (4, 10)
         assert np.abs(got - expected).max() <= 1e-4 * scale, fmt
 
 
-def test_folding_is_optional_and_both_exports_match(trained, tmp_path):
+def test_folding_is_optional_and_both_exports_match(trained, exported):
     images = preprocess_images(list_images(trained["test"])[:4], 32, 32)
     expected = checkpoint_logits(trained["ckpt"], images)
     sizes = {}
-    for fold in ("true", "false"):
-        name = str(tmp_path / f"r18_fold_{fold}")
-        out = succeeded(run_in_process(
-            "export.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--file_format", "ONNX",
-            "--file_name", name, "--batch_size", "4", "--fold_bn", fold)).stdout
-        assert ("20 BatchNorms folded" in out) == (fold == "true")
+    for fold, key in (("true", "ONNX"), ("false", "ONNX unfolded")):
+        assert ("20 BatchNorms folded" in exported["stdout"][key]) == (fold == "true")
         import onnx
-        ops = [node.op_type for node in onnx.load(name + ".onnx").graph.node]
+        ops = [node.op_type for node in onnx.load(exported[key]).graph.node]
         sizes[fold] = ops.count("BatchNormalization")
         import onnxruntime as ort
-        got = ort.InferenceSession(name + ".onnx", providers=["CPUExecutionProvider"]).run(
+        got = ort.InferenceSession(exported[key], providers=["CPUExecutionProvider"]).run(
             ["logits"], {"image": images})[0]
         assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max(), fold
     assert sizes == {"true": 0, "false": 20}
 
 
-def test_eval_of_exported_models_equals_the_checkpoint(trained, tmp_path):
+def test_eval_of_exported_models_equals_the_checkpoint(trained, exported, tmp_path):
     reports = {}
-    for fmt, suffix in (("CKPT", ".ckpt"), ("MINDIR", ".mindir"), ("ONNX", ".onnx")):
-        path = trained["ckpt"]
-        if fmt != "CKPT":
-            path = str(tmp_path / f"r18_b7_{fmt}")
-            succeeded(run_in_process(
-                "export.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--file_format", fmt,
-                "--file_name", path, "--batch_size", "7"))
-            path += suffix
+    for fmt in ("CKPT", "MINDIR", "ONNX"):
+        path = trained["ckpt"] if fmt == "CKPT" else exported[fmt]
         out = str(tmp_path / f"eval_{fmt}")
         succeeded(run_in_process("eval.py", *COMMON, "--checkpoint_path", path, "--data_path",
-                                 trained["test"], "--batch_size", "7", "--output_dir", out))
+                                 trained["test"], "--batch_size", "4", "--output_dir", out))
         reports[fmt] = json.load(open(os.path.join(out, "eval_result.json")))
-    # 30 images = 4 x 7 + 2: the exported models get the last batch zero-padded to 7
+    # 30 images = 7 x 4 + 2: the exported models get the last batch zero-padded to 4
     for fmt in ("MINDIR", "ONNX"):
         assert reports[fmt]["images"] == 30
         assert reports[fmt]["top1"] == reports["CKPT"]["top1"], fmt
@@ -146,7 +151,7 @@ def test_eval_of_exported_models_equals_the_checkpoint(trained, tmp_path):
     five = copy_class_folders(trained["test"], str(tmp_path / "five"), 3,
                               classes=sorted(os.listdir(trained["test"]))[:5])
     result = run_in_process("eval.py", *COMMON, "--checkpoint_path", path, "--data_path", five,
-                            "--class_num", "5", "--batch_size", "7")
+                            "--class_num", "5", "--batch_size", "4")
     assert result.returncode == 2
     assert f"{path} outputs 10 classes but class_num is 5" in result.stderr
 
@@ -161,7 +166,7 @@ def predictions(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"image"')]
 
 
-def test_predict_from_checkpoint_and_mindir(trained, tmp_path):
+def test_predict_from_checkpoint_and_mindir(trained, exported):
     folder = os.path.join(trained["test"], "cat")
     from_ckpt = predictions(succeeded(run_entry(
         "predict.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--image_path", folder,
@@ -176,21 +181,16 @@ def test_predict_from_checkpoint_and_mindir(trained, tmp_path):
     logits = checkpoint_logits(trained["ckpt"], preprocess_images(list_images(folder), 32, 32))
     assert [p["top"][0]["class"] for p in from_ckpt] == list(logits.argmax(axis=1))
 
-    mindir = str(tmp_path / "r18")
-    succeeded(run_in_process("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
-                             "--file_name", mindir, "--batch_size", "1"))
+    # the exports of batch 4: the 3 images in one batch padded to 4
     from_mindir = predictions(succeeded(run_in_process(
-        "predict.py", *COMMON, "--checkpoint_path", mindir + ".mindir", "--image_path", folder,
-        "--batch_size", "1", "--class_names_path",
+        "predict.py", *COMMON, "--checkpoint_path", exported["MINDIR"], "--image_path", folder,
+        "--batch_size", "4", "--class_names_path",
         os.path.join(trained["out"], "class_names.txt"))).stdout)
     assert [p["top"][0]["name"] for p in from_mindir] == [p["top"][0]["name"] for p in from_ckpt]
 
-    onnx = str(tmp_path / "r18")
-    succeeded(run_in_process("export.py", *COMMON, "--checkpoint_path", trained["ckpt"],
-                             "--file_format", "ONNX", "--file_name", onnx, "--batch_size", "2"))
     from_onnx = predictions(succeeded(run_in_process(
-        "predict.py", *COMMON, "--checkpoint_path", onnx + ".onnx", "--image_path", folder,
-        "--batch_size", "2", "--class_names_path",
+        "predict.py", *COMMON, "--checkpoint_path", exported["ONNX"], "--image_path", folder,
+        "--batch_size", "4", "--class_names_path",
         os.path.join(trained["out"], "class_names.txt"))).stdout)
     assert [p["top"][0]["name"] for p in from_onnx] == [p["top"][0]["name"] for p in from_ckpt]
 

@@ -39,6 +39,7 @@ from tests.alignment_utils import reference_pair
 from tests.helpers import (
     IMAGENET_SMALL,
     ROOT,
+    copy_class_folders,
     imagenet_images,
     run_in_process,
     succeeded,
@@ -137,6 +138,27 @@ def run_with_env(env, script, *args):
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
+
+
+def run_offline_in_process(cache, script, *args):
+    """``run_in_process`` as ``run_with_env(hub_env(cache), ...)`` runs it: huggingface_hub
+    reads HF_HUB_CACHE and HF_HUB_OFFLINE into its ``constants`` when imported, so they are
+    set there as well as in the environment; the ids ``resolve_weights`` remembers in this
+    process are forgotten before and after."""
+    from huggingface_hub import constants
+
+    from src.utils import hub
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_CACHE", str(cache))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setattr(constants, "HF_HUB_CACHE", str(cache))
+        patch.setattr(constants, "HF_HUB_OFFLINE", True)
+        hub._download.cache_clear()
+        try:
+            return run_in_process(script, *args)
+        finally:
+            hub._download.cache_clear()
 
 
 def one_line_error(result, *words):
@@ -307,19 +329,26 @@ def test_unbuilt_network_and_wrong_net_name_are_named(tmp_path, r18_pair):
 
 
 # ---- the entry points on a Hub cache, offline ----
+# eval.py runs in a fresh interpreter with HF_HUB_OFFLINE and HF_HUB_CACHE in its environment,
+# as a user runs it; the other entry-point runs here are in-process (run_offline_in_process)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("repo", ["timm/resnet18.tv_in1k", "timm/resnet18.a1_in1k"],
                          ids=["bilinear", "bicubic"])
-def test_predict_from_hub_cache_offline(hub_cache, r18_pair, repo):
+def test_predict_from_hub_cache_offline(tmp_path, hub_cache, r18_pair, repo):
     """predict.py on an hf-hub id with HF_HUB_OFFLINE=1: the weights' eval settings and
-    class names, probabilities equal to the torch network's softmax."""
+    class names, probabilities equal to the torch network's softmax (on a folder of the first
+    6 shipped ImageNet classes, one image each)."""
     paths = imagenet_images()[:6]
-    result = succeeded(run_with_env(hub_env(hub_cache), "predict.py", "--checkpoint_path",
-                                    f"hf-hub:{repo}", "--image_path", IMAGENET_SMALL,
-                                    "--top_k", 3, "--device_target", "CPU"))
-    rows = {json.loads(line)["image"]: json.loads(line)["top"]
+    six = copy_class_folders(IMAGENET_SMALL, str(tmp_path / "six"), 1,
+                             classes=[os.path.basename(os.path.dirname(p)) for p in paths])
+    result = succeeded(run_offline_in_process(hub_cache, "predict.py", "--checkpoint_path",
+                                              f"hf-hub:{repo}", "--image_path", six,
+                                              "--top_k", 3, "--device_target", "CPU"))
+    rows = {os.path.relpath(json.loads(line)["image"], six): json.loads(line)["top"]
             for line in result.stdout.splitlines() if line.startswith("{")}
+    rows = {os.path.join(IMAGENET_SMALL, image): top for image, top in rows.items()}
+    assert sorted(rows) == sorted(paths)
     pcfg = A1_CFG if "a1" in repo else dict(TV2_CFG, test_input_size=[3, 224, 224],
                                             test_crop_pct=0.875)
     logits = torch_logits(r18_pair, paths, pcfg)
@@ -381,8 +410,8 @@ def test_finetune_from_hub_cache(tmp_path, hub_cache, cifar_small, r18_pair):
     import mindspore as ms
 
     out = tmp_path / "ft"
-    result = succeeded(run_with_env(
-        hub_env(hub_cache), "train.py", "--pre_trained", "hf-hub:timm/resnet18.tv_in1k",
+    result = succeeded(run_offline_in_process(
+        hub_cache, "train.py", "--pre_trained", "hf-hub:timm/resnet18.tv_in1k",
         "--data_path", cifar_small["train"], "--class_num", 10, "--epoch_size", 1,
         "--batch_size", 16, "--train_image_size", 32, "--eval_image_size", 32,
         "--base_lr", 1e-7, "--warmup_epochs", 0, "--output_dir", out, "--device_target",
@@ -549,16 +578,15 @@ def test_no_network_without_cache(tmp_path):
 @pytest.mark.slow
 def test_entry_points_report_hub_errors_in_one_line(tmp_path, hub_cache):
     """The entry points on bad weights sources: exit 2 and one line, no traceback."""
-    env = hub_env(hub_cache)
-    one_line_error(run_with_env(env, "predict.py", "--checkpoint_path",
-                                "hf-hub:timm/resnet50d.a1_in1k", "--image_path", IMAGENET_SMALL),
-                   "resnet50d", "does not build")
-    one_line_error(run_with_env(env, "eval.py", "--checkpoint_path",
-                                "hf-hub:timm/resnet18.tv_in1k", "--net_name", "resnet34",
-                                "--data_path", IMAGENET_SMALL), "pass --net_name resnet18")
+    one_line_error(run_offline_in_process(hub_cache, "predict.py", "--checkpoint_path",
+                                          "hf-hub:timm/resnet50d.a1_in1k", "--image_path",
+                                          IMAGENET_SMALL), "resnet50d", "does not build")
+    one_line_error(run_offline_in_process(hub_cache, "eval.py", "--checkpoint_path",
+                                          "hf-hub:timm/resnet18.tv_in1k", "--net_name",
+                                          "resnet34", "--data_path", IMAGENET_SMALL),
+                   "pass --net_name resnet18")
     empty = tmp_path / "empty"
     empty.mkdir()
-    # local folders, no Hub id: in-process (predict.py and eval.py above ran fresh)
     one_line_error(run_in_process("train.py", "--pre_trained", str(empty), "--data_path",
                                   IMAGENET_SMALL, "--output_dir", tmp_path / "o"),
                    str(empty), "no model.safetensors")

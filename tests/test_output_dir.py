@@ -10,7 +10,7 @@ import pytest
 from src.training.output_dir import LOCK_FILE, OutputDirLock, prepare_output_dir, trim_records
 from src.utils.errors import OutputDirError
 from src.utils.files import check_output_dir
-from tests.helpers import run_entry
+from tests.helpers import run_entry, run_in_process
 
 TRAIN = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
          "--run_eval", "false", "--epoch_size", "1"]
@@ -106,18 +106,16 @@ def full_disk():
     resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_an_output_dir_that_is_a_file_is_named_before_any_work(tmp_path, script):
     target = tmp_path / "results"
     target.write_text("not a folder")
-    result = run_entry(script, "--config_path", "configs/quick_start.yaml", "--output_dir",
-                       target, "--checkpoint_path", "missing.ckpt")
+    result = run_in_process(script, "--config_path", "configs/quick_start.yaml", "--output_dir",
+                            target, "--checkpoint_path", "missing.ckpt")
     assert result.returncode == 2
     assert result.stderr.strip().endswith(f"output_dir {target} is a file, not a folder")
 
 
-@pytest.mark.slow
 def test_an_unwritable_output_dir_is_named_at_start_up(tmp_path):
     # Root writes into a chmod-000 folder; an immutable one (chattr +i) it cannot.
     target = tmp_path / "read_only"
@@ -125,8 +123,8 @@ def test_an_unwritable_output_dir_is_named_at_start_up(tmp_path):
     if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not available on this filesystem")
     try:
-        result = run_entry("train.py", "--config_path", "configs/quick_start.yaml",
-                           "--output_dir", target)
+        result = run_in_process("train.py", "--config_path", "configs/quick_start.yaml",
+                                "--output_dir", target)
     finally:
         subprocess.run(["chattr", "-i", str(target)], check=True)
     assert result.returncode == 2, result.stderr[-2000:]
@@ -136,14 +134,20 @@ def test_an_unwritable_output_dir_is_named_at_start_up(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_on_a_full_disk_exits_4_and_keeps_the_earlier_result(tmp_path, quick_start):
+def test_eval_on_a_full_disk_exits_4_and_keeps_the_earlier_result(tmp_path, cifar_small):
+    import mindspore as ms
+
+    from src.models.resnet import create_network
+
+    ckpt = str(tmp_path / "r18.ckpt")  # any network: the result file is what is written
+    ms.save_checkpoint(create_network("resnet18", 10), ckpt)
     out = tmp_path / "eval"
     out.mkdir()
     earlier = '{"top1": 0.5}'
     (out / "eval_result.json").write_text(earlier)
     result = subprocess.run([sys.executable, "eval.py", "--config_path",
-                             "configs/quick_start.yaml", "--checkpoint_path",
-                             quick_start["ckpt"], "--output_dir", str(out)],
+                             "configs/quick_start.yaml", "--checkpoint_path", ckpt,
+                             "--data_path", cifar_small["test"], "--output_dir", str(out)],
                             cwd=os.path.dirname(os.path.dirname(__file__)), text=True,
                             capture_output=True, preexec_fn=full_disk, timeout=600)
     assert result.returncode == 4, result.stderr[-2000:]

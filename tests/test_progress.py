@@ -9,7 +9,7 @@ import pytest
 from src.data import image_check
 from src.models.resnet import create_network
 from src.utils.progress import Progress, format_eta
-from tests.helpers import ROOT, copy_class_folders, run_entry
+from tests.helpers import ROOT, copy_class_folders, run_in_process
 
 SAMPLE = os.path.join(ROOT, "data", "cifar10_sample")
 
@@ -100,10 +100,10 @@ def test_a_large_image_check_shows_progress(tmp_path, monkeypatch, capsys):
 def test_eval_py_writes_progress_lines_when_not_a_terminal(tmp_path):
     ckpt = str(tmp_path / "r18.ckpt")
     ms.save_checkpoint(create_network("resnet18", 10), ckpt)
-    result = run_entry("eval.py", "--config_path", "configs/quick_start.yaml",
-                       "--num_parallel_workers", "1", "--checkpoint_path", ckpt,
-                       "--data_path", os.path.join(SAMPLE, "test"), "--batch_size", "50",
-                       "--output_dir", tmp_path / "out", timeout=300)
+    result = run_in_process("eval.py", "--config_path", "configs/quick_start.yaml",
+                            "--num_parallel_workers", "1", "--checkpoint_path", ckpt,
+                            "--data_path", os.path.join(SAMPLE, "test"), "--batch_size", "50",
+                            "--output_dir", tmp_path / "out")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("eval: ")]
     assert lines, result.stderr[-3000:]

@@ -22,7 +22,7 @@ from src.deploy.quantize import (
     reduce_range_for,
     select_calibration_images,
 )
-from tests.helpers import CIFAR_SAMPLE, run_entry, succeeded
+from tests.helpers import CIFAR_SAMPLE, run_in_process, succeeded
 
 TRAIN = os.path.join(CIFAR_SAMPLE, "train")
 TEST = os.path.join(CIFAR_SAMPLE, "test")
@@ -100,9 +100,9 @@ def exported(probe_ckpt, tmp_path_factory):
     training images: 6 batches of 50, the last one padded)."""
     folder = tmp_path_factory.mktemp("onnx")
     args = [*COMMON, "--checkpoint_path", probe_ckpt, "--file_format", "ONNX"]
-    succeeded(run_entry("export.py", *args, "--file_name", folder / "fp32"))
-    int8 = succeeded(run_entry("export.py", *args, "--file_name", folder / "int8", "--quantize",
-                           "int8", "--calibration_data_path", TRAIN))
+    succeeded(run_in_process("export.py", *args, "--file_name", folder / "fp32"))
+    int8 = succeeded(run_in_process("export.py", *args, "--file_name", folder / "int8",
+                                    "--quantize", "int8", "--calibration_data_path", TRAIN))
     return {"folder": folder, "fp32": str(folder / "fp32.onnx"), "int8": str(folder / "int8.onnx"),
             "result": int8}
 
@@ -172,8 +172,8 @@ def test_every_convolution_has_per_channel_symmetric_int8_weights(exported):
 # ---- eval.py, predict.py and the logits ----
 
 def eval_top1(model, out):
-    succeeded(run_entry("eval.py", *COMMON, "--checkpoint_path", model, "--data_path", TEST,
-                    "--output_dir", out))
+    succeeded(run_in_process("eval.py", *COMMON, "--checkpoint_path", model, "--data_path", TEST,
+                             "--output_dir", out))
     with open(os.path.join(out, "eval_result.json"), encoding="utf-8") as f:
         report = json.load(f)
     assert report["images"] == 200
@@ -203,8 +203,8 @@ def test_int8_logits_follow_fp32_on_real_images(exported):
 @pytest.mark.slow
 def test_predict_runs_on_the_int8_file(exported):
     folder = os.path.join(TEST, "cat")
-    result = succeeded(run_entry("predict.py", *COMMON, "--checkpoint_path", exported["int8"],
-                             "--image_path", folder))
+    result = succeeded(run_in_process("predict.py", *COMMON, "--checkpoint_path",
+                                      exported["int8"], "--image_path", folder))
     printed = [json.loads(line) for line in result.stdout.splitlines()
                if line.startswith('{"image"')]
     assert len(printed) == 20

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from src.utils.config import ConfigError, parse_config
-from tests.helpers import IMAGENET_SMALL, ROOT, run_entry, succeeded, train_in_process
+from tests.helpers import IMAGENET_SMALL, ROOT, run_in_process, succeeded, train_in_process
 
 SMALL = ["--net_name", "resnet18", "--class_num", "26", "--train_image_size", "64",
          "--eval_image_size", "64", "--eval_resize", "72", "--batch_size", "4", "--epoch_size",
@@ -69,9 +69,9 @@ def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tm
     assert {"top1", "top5", "ema_top1", "ema_top5"} <= set(last)
     ckpt = str(out / "resnet18-2_6.ckpt")
     for use_ema, key in (("true", "ema_top1"), ("false", "top1")):
-        result = succeeded(run_entry("eval.py", "--config_path", "configs/resnet18_cifar10_v2.yaml",
-                                 *SMALL, "--checkpoint_path", ckpt, "--use_ema", use_ema,
-                                 "--output_dir", tmp_path / use_ema))
+        result = succeeded(run_in_process(
+            "eval.py", "--config_path", "configs/resnet18_cifar10_v2.yaml", *SMALL,
+            "--checkpoint_path", ckpt, "--use_ema", use_ema, "--output_dir", tmp_path / use_ema))
         report = json.load(open(tmp_path / use_ema / "eval_result.json"))
         assert report["top1"] == pytest.approx(last[key], abs=1e-9), (use_ema, last)
         assert ("its EMA weights" in result.stdout) == (use_ema == "true")
@@ -85,8 +85,9 @@ def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
     out, _ = ema_run
     ckpt = str(out / "resnet18-2_6.ckpt")
     name = str(tmp_path / "net")
-    succeeded(run_entry("export.py", "--config_path", "configs/resnet18_cifar10_v2.yaml", *SMALL,
-                    "--checkpoint_path", ckpt, "--file_format", "ONNX", "--file_name", name))
+    succeeded(run_in_process("export.py", "--config_path", "configs/resnet18_cifar10_v2.yaml",
+                             *SMALL, "--checkpoint_path", ckpt, "--file_format", "ONNX",
+                             "--file_name", name))
     images = preprocess_images(list_images(IMAGENET_SMALL)[:4], 64, 72)
     session = ort.InferenceSession(name + ".onnx", providers=["CPUExecutionProvider"])
     exported = session.run(None, {"image": images})[0]
@@ -95,8 +96,9 @@ def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
     live = load_network("resnet18", 26, ckpt, use_ema=False)(ms.Tensor(images)).asnumpy()
     np.testing.assert_allclose(exported, ema, rtol=1e-4, atol=1e-4)
     assert np.abs(exported - live).max() > 1e-3  # the two weight sets differ
-    result = succeeded(run_entry("predict.py", "--config_path", "configs/resnet18_cifar10_v2.yaml",
-                             *SMALL, "--checkpoint_path", ckpt, "--image_path",
-                             list_images(IMAGENET_SMALL)[0]))
+    result = succeeded(run_in_process("predict.py", "--config_path",
+                                      "configs/resnet18_cifar10_v2.yaml", *SMALL,
+                                      "--checkpoint_path", ckpt, "--image_path",
+                                      list_images(IMAGENET_SMALL)[0]))
     assert "its EMA weights" in result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["image"]

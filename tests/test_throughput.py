@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
-from tests.helpers import run_entry
+from tests.helpers import run_in_process
 
 QUICK = ["--config_path", "configs/quick_start.yaml", "--batch_size", "8", "--benchmark_steps",
          "3"]
@@ -29,8 +29,8 @@ RECIPE = ["--grad_accumulation_steps", "2", "--mixup_alpha", "0.2", "--ema_decay
 def test_benchmark_steps_prints_throughput_and_writes_nothing(script, kind, extra, images,
                                                               tmp_path):
     out = tmp_path / "out"
-    result = run_entry(script, *QUICK, *extra, "--data_path", tmp_path / "no_such_folder",
-                       "--output_dir", out)
+    result = run_in_process(script, *QUICK, *extra, "--data_path", tmp_path / "no_such_folder",
+                            "--output_dir", out)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     record = record_of(result.stdout)
     assert record["mode"] == f"benchmark_{kind}" and record["steps"] == 3

@@ -26,7 +26,7 @@ from src.data.split import (
     write_split_files,
 )
 from src.utils.config import ConfigError, parse_config
-from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_entry, succeeded
+from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_in_process, succeeded
 
 COUNTS = {"airplane": 22, "automobile": 2, "bird": 6}  # unbalanced: 22 / 1 after the split
 COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--train_image_size", "32",
@@ -204,9 +204,10 @@ def split_run(folder, tmp_path_factory):
     """train.py with ``--val_split 0.25 --run_eval true --class_balance loss``: 21 images
     train (16, 1, 4), 9 are held out (6, 1, 2)."""
     out = str(tmp_path_factory.mktemp("split_run"))
-    result = succeeded(run_entry("train.py", *COMMON, "--data_path", folder, "--val_split",
-                                 "0.25", "--run_eval", "true", "--class_balance", "loss",
-                                 "--batch_size", "8", "--epoch_size", "1", "--output_dir", out))
+    result = succeeded(run_in_process("train.py", *COMMON, "--data_path", folder, "--val_split",
+                                      "0.25", "--run_eval", "true", "--class_balance", "loss",
+                                      "--batch_size", "8", "--epoch_size", "1", "--output_dir",
+                                      out))
     return {"out": out, "log": result.stdout + result.stderr}
 
 
