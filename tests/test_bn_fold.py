@@ -11,7 +11,7 @@ from src.models.bn_fold import fold_batchnorm, folded_conv
 from src.models.resnet import create_network
 from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
 from tests.helpers import slow_beyond
-from tests.test_alignment import imagenet_paths
+from tests.test_alignment import imagenet_paths, torch_on_one_thread  # noqa: F401 (autouse)
 
 BN_COUNT = {"resnet18": 20, "resnet50": 53}  # stem + 2 or 3 per block + one per downsample
 
