@@ -217,14 +217,24 @@ def data_pipeline(args, augment=None):
     return run
 
 
+# the file each inference case loads (``prepare`` writes it)
+LOADED_FILES = {"ms_infer_ckpt": "net.ckpt", "ms_infer_mindir": "net.mindir",
+                "ms_infer_mindir_unfolded": "net_unfolded.mindir", "ort_infer": "net.onnx",
+                "ort_infer_unfolded": "net_unfolded.onnx", "ort_infer_int8": "net_int8.onnx"}
+
+
 def prepare(args):
-    """Write the files the inference cases load (random weights, BN statistics as
+    """Write the files the chosen inference cases load (random weights, BN statistics as
     initialized): net.ckpt; net.mindir / net.onnx exported as export.py does by default
-    (BatchNorm folded), net_unfolded.mindir / .onnx without folding, and net_int8.onnx."""
+    (BatchNorm folded), net_unfolded.mindir / .onnx without folding, and net_int8.onnx (from
+    net.onnx). A file no chosen case loads is not written."""
     ms = ms_setup()
     from export import export_model
     from src.models.bn_fold import fold_batchnorm
     from src.models.resnet import create_network
+    needed = {LOADED_FILES[name] for name in args.case_names if name in LOADED_FILES}
+    if "net_int8.onnx" in needed:
+        needed.add("net.onnx")
     dummy = ms.Tensor(random_batch(args)[0])
     ckpt = os.path.join(args.artifacts, "net.ckpt")
     for name in ("net_unfolded", "net"):  # a fresh network each: no graph cached across
@@ -236,8 +246,10 @@ def prepare(args):
             fold_batchnorm(net)
         net.set_train(False)
         for file_format in ("MINDIR", "ONNX"):
-            export_model(net, dummy, os.path.join(args.artifacts, name), file_format)
-    quantize_net(args)
+            if f"{name}.{file_format.lower()}" in needed:
+                export_model(net, dummy, os.path.join(args.artifacts, name), file_format)
+    if "net_int8.onnx" in needed:
+        quantize_net(args)
 
 
 class OneBatch:
@@ -437,7 +449,7 @@ def spawn(args, worker, case_needs_isa_cap):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
            "--artifacts", args.artifacts]
     for key in ("net_name", "batch_size", "image_size", "class_num", "steps", "loop_steps",
-                "threads", "data_path"):
+                "threads", "data_path", "cases"):
         cmd += [f"--{key}", str(getattr(args, key))]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]

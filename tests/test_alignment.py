@@ -35,6 +35,17 @@ WEIGHT_DECAY = 1 / 32768
 MOMENTUM = 0.875
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_on_one_thread():
+    """The PyTorch reference on one thread while this module runs (the count put back after):
+    the same kernels and results, without a second thread that spins for work on a busy
+    machine (the full suite runs two test processes on two cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def imagenet_paths(count, step):
     """``count`` of the shipped ImageNet JPEGs, every ``step``-th class folder from the first.
 

@@ -20,7 +20,8 @@ CASES = ["ms_train_step", "ms_train_loop", "ms_infer_mindir", "ort_infer", "torc
 def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path):
     result = run_entry("benchmarks/cpu_benchmark.py", "--net_name", "resnet18", "--batch_size",
                        "2", "--image_size", "32", "--class_num", "10", "--rounds", "1",
-                       "--steps", "1", "--loop_steps", "1", "--data_path", cifar_small["train"],
+                       "--steps", "1", "--loop_steps", "1", "--threads", "1", "--data_path",
+                       cifar_small["train"],
                        "--cases", ",".join(CASES), "--output_dir", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     record = json.load(open(tmp_path / "cpu_benchmark.json"))
@@ -46,15 +47,32 @@ def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path
     assert open(tmp_path / "again" / "cpu_benchmark.md").read() == table
 
 
-@pytest.mark.slow
-def test_onednn_breakdown_reports_convolution_time():
+@pytest.fixture(scope="module")
+def train_breakdown():
+    """One breakdown run of our train step and the PyTorch reference's (2 measured steps):
+    stdout, read by the two tests below."""
     result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
-                       "--batch_size", "2", "--image_size", "32")
+                       "--batch_size", "2", "--image_size", "32", "--cases",
+                       "ms_train_step,torch_train_nchw", "--steps", "2")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| convolution")]
+    return result.stdout
+
+
+def case_table(stdout, case):
+    """The per-primitive table the breakdown printed for ``case``: its heading line, a blank
+    line, the rows up to the next blank line."""
+    start = stdout.index(f"{case}, resnet18, batch 2, 32 px: one step")
+    end = stdout.index("\n\n", stdout.index("\n\n", start) + 2)
+    return stdout[start:end]
+
+
+@pytest.mark.slow
+def test_onednn_breakdown_reports_convolution_time(train_breakdown):
+    table = case_table(train_breakdown, "ms_train_step")
+    rows = [line for line in table.splitlines() if line.startswith("| convolution")]
     passes = {row.split(" | ")[2] for row in rows}
     assert passes == {"forward_training", "backward_data", "backward_weights"}, rows
-    assert "not oneDNN: the framework's own kernels and runtime" in result.stdout
+    assert "not oneDNN: the framework's own kernels and runtime" in table
 
 
 def summary_rows(stdout):
@@ -70,15 +88,11 @@ def cpu_has_avx512():
 
 
 @pytest.mark.slow
-def test_onednn_breakdown_compares_ours_with_pytorch_per_part():
+def test_onednn_breakdown_compares_ours_with_pytorch_per_part(train_breakdown):
     """The PyTorch reference runs with oneDNN's own ISA choice (not our AVX2 cap), and the
     summary splits each step into convolution passes and the rest."""
-    result = run_entry("benchmarks/onednn_breakdown.py", "--net_name", "resnet18",
-                       "--batch_size", "2", "--image_size", "32", "--cases",
-                       "ms_train_step,torch_train_nchw", "--steps", "2")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "torch_train_nchw, resnet18, batch 2, 32 px: one step" in result.stdout
-    rows = summary_rows(result.stdout)
+    assert "| convolution" in case_table(train_breakdown, "torch_train_nchw")
+    rows = summary_rows(train_breakdown)
     ours = rows[("| ms_train_step", "AVX2 (Intel AVX2)")]
     # oneDNN names an AVX-512 CPU's ISA "AVX-512 ..." or, on CPUs with AVX10, "AVX 10.1"
     widest = ("AVX-512", "AVX 10") if cpu_has_avx512() else ("AVX2",)
@@ -141,6 +155,14 @@ def test_update_docs_targets_the_speed_page_which_holds_the_markers():
     assert cpu_benchmark.SPEED_PAGE == os.path.join(cpu_benchmark.ROOT, "docs", "speed.md")
     text = open(cpu_benchmark.SPEED_PAGE, encoding="utf-8").read()
     assert text.count(cpu_benchmark.TABLE_START) == 1 and text.count(cpu_benchmark.TABLE_END) == 1
+
+
+def test_every_inference_case_of_ours_names_the_file_it_loads():
+    """``prepare`` writes only the files of the chosen cases: each inference case that loads
+    one must name it, or it would find none."""
+    ours = {name for name, case in cpu_benchmark.CASES.items()
+            if case[0] == "infer" and not name.startswith("torch_")}
+    assert set(cpu_benchmark.LOADED_FILES) == ours
 
 
 def test_unknown_case_is_an_error_listing_valid_ones():

@@ -5,13 +5,14 @@ import mindspore.nn as nn
 import numpy as np
 import pytest
 import torch
+from mindspore.nn.utils import no_init_parameters
 
 from src.deploy.inference import preprocess_images
 from src.models.bn_fold import fold_batchnorm, folded_conv
 from src.models.resnet import create_network
 from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
 from tests.helpers import slow_beyond
-from tests.test_alignment import imagenet_paths
+from tests.test_alignment import imagenet_paths, torch_on_one_thread  # noqa: F401 (autouse)
 
 BN_COUNT = {"resnet18": 20, "resnet50": 53}  # stem + 2 or 3 per block + one per downsample
 
@@ -26,7 +27,8 @@ def test_folded_network_gives_the_same_logits(net_name):
     with torch.no_grad():
         reference = tnet(torch.from_numpy(images)).numpy()
 
-    net = create_network(net_name, 1000)  # a fresh cell: no compiled graph reused
+    with no_init_parameters():  # a fresh cell (no compiled graph reused), every weight loaded
+        net = create_network(net_name, 1000)
     load_torch_weights(net, tnet)
     assert fold_batchnorm(net) == BN_COUNT[net_name]
     assert not [name for name, cell in net.cells_and_names() if isinstance(cell, nn.BatchNorm2d)]

@@ -11,6 +11,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
 import pytest
+from mindspore.nn.utils import no_init_parameters
 
 try:
     from mindcv.models import create_model
@@ -87,7 +88,10 @@ def mindcv_r18(tmp_path_factory, images):
 
 
 def our_logits(name, path, images, pad_mode, **kwargs):
-    net = create_network(name, 10, stem_pool_pad_mode=pad_mode)
+    """Our network's logits with the checkpoint ``path`` loaded (its weights are not drawn at
+    build time: the strict load replaces every one, or raises)."""
+    with no_init_parameters():
+        net = create_network(name, 10, stem_pool_pad_mode=pad_mode)
     load_into_network(net, path, **kwargs)
     net.set_train(False)
     return net(ms.Tensor(images)).asnumpy()

@@ -6,6 +6,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
 import pytest
+from mindspore.nn.utils import no_init_parameters
 
 from src.deploy.inference import preprocess_images
 from src.models.resnet import (
@@ -30,9 +31,16 @@ def count(net):
     return sum(p.size for p in net.trainable_params())
 
 
+def structure(*args, **kwargs):
+    """``create_network(*args, **kwargs)`` with its parameters not initialized (shapes, names
+    and cells only): for the checks that never run the network nor read a weight."""
+    with no_init_parameters():
+        return create_network(*args, **kwargs)
+
+
 @pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
 def test_parameter_count_equals_torchvision(name):
-    assert count(create_network(name)) == TORCHVISION_PARAMS[name]
+    assert count(structure(name)) == TORCHVISION_PARAMS[name]
 
 
 @pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
@@ -44,7 +52,7 @@ def test_output_shape_every_depth(name):
 
 
 def test_resnet50_224_output_and_names():
-    net = create_network("resnet50")
+    net = structure("resnet50")
     names = [p.name for p in net.trainable_params()]
     assert len(names) == 161
     for expected in ("conv1.weight", "bn1.gamma", "layer1.0.conv1.weight",
@@ -56,7 +64,7 @@ def test_resnet50_224_output_and_names():
 
 
 def test_stride_sits_on_the_3x3_conv_v1_5():
-    net = create_network("resnet50")
+    net = structure("resnet50")
     first = net.layer2[0]
     assert isinstance(first, Bottleneck)
     assert first.conv1.stride == (1, 1) and first.conv1.kernel_size == (1, 1)
@@ -162,14 +170,14 @@ def test_stem_pool_form_per_device_target():
     assert all(set(forms) == {"CPU", "GPU", "Ascend"} for forms in STEM_MAX_POOLS.values())
     for target, form in (("CPU", is_torch_form), ("GPU", is_torch_form),
                          ("Ascend", lambda pool: isinstance(pool, MaxPoolPad1))):
-        net = create_network("resnet18", 10)
+        net = structure("resnet18", 10)
         assert is_torch_form(net.maxpool)  # no target: torch's form, as before
         assert use_device_max_pool(net, target) is net and form(net.maxpool), target
-        assert form(create_network("resnet18", 10, device_target=target).maxpool), target
+        assert form(structure("resnet18", 10, device_target=target).maxpool), target
     # the swap adds or removes no parameter: checkpoints load into either form
-    assert count(create_network("resnet18", device_target="Ascend")) == 11_689_512
+    assert count(structure("resnet18", device_target="Ascend")) == 11_689_512
     with pytest.raises(ValueError, match="device_target 'NPU'.*CPU, GPU, Ascend"):
-        use_device_max_pool(create_network("resnet18", 10), "NPU")
+        use_device_max_pool(structure("resnet18", 10), "NPU")
 
 
 def test_pool_forms_equal_after_relu_on_real_images():
@@ -245,13 +253,13 @@ def test_same_pool_kept_on_every_device_and_in_export(tmp_path):
     import onnxruntime
 
     for target in STEM_MAX_POOLS["same"]:
-        assert is_same_form(create_network("resnet18", 10, device_target=target,
-                                           stem_pool_pad_mode="same").maxpool), target
-        net = create_network("resnet18", 10, stem_pool_pad_mode="same")
+        assert is_same_form(structure("resnet18", 10, device_target=target,
+                                      stem_pool_pad_mode="same").maxpool), target
+        net = structure("resnet18", 10, stem_pool_pad_mode="same")
         assert is_same_form(use_device_max_pool(net, target).maxpool), target
-    net = create_network("resnet18", 10, stem_pool_pad_mode="same")
+    net = create_network("resnet18", 10, stem_pool_pad_mode="same")  # runs below
     assert is_same_form(use_exportable_max_pool(net).maxpool)
-    assert isinstance(use_exportable_max_pool(create_network("resnet18", 10)).maxpool,
+    assert isinstance(use_exportable_max_pool(structure("resnet18", 10)).maxpool,
                       MaxPoolPad1)  # pad: zero padding + 'valid', as before
 
     images = ms.Tensor(preprocess_images(imagenet_images()[:2], 32, 32))

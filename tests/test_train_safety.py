@@ -23,7 +23,7 @@ from src.training.signals import StopSignals
 from src.utils.checkpoint import atomic_save_checkpoint, checkpoint_name
 from src.utils.config import ConfigError
 from src.utils.errors import OutputDirError
-from tests.helpers import ROOT, run_entry, slow_beyond
+from tests.helpers import ROOT, run_in_process, slow_beyond
 
 LOG = logging.getLogger("test")
 QUICK = ["--config_path", "configs/quick_start.yaml", "--train_image_size", "32",
@@ -83,7 +83,7 @@ def test_train_py_refuses_to_mix_runs_and_keeps_the_old_records(tmp_path):
     out.mkdir()
     write_file(out / "resnet18-8_31.ckpt", "another run")
     write_file(out / "metrics.jsonl", "another run's records\n")
-    result = run_entry("train.py", *QUICK, "--output_dir", out)
+    result = run_in_process("train.py", *QUICK, "--output_dir", out)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"output_dir {out} holds another run's files" in result.stderr
     assert open(out / "metrics.jsonl").read() == "another run's records\n"
