@@ -1,5 +1,6 @@
 """One run per output folder: a lock taken at start-up, before anything is written; a stale
 lock taken over; ``--overwrite`` never moves the lock; a folder of checkpoints alone refused."""
+import contextlib
 import json
 import os
 import subprocess
@@ -83,17 +84,24 @@ def test_the_output_check_without_create_leaves_nothing_and_names_a_file_in_the_
     assert missing.is_dir()
 
 
-def test_the_output_check_without_create_names_an_unwritable_parent(tmp_path):
-    # Root writes into a chmod-000 folder; an immutable one (chattr +i) it cannot.
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+@contextlib.contextmanager
+def immutable_folder(folder):
+    """Make the empty folder ``folder`` immutable (``chattr +i``) for the block, then mutable
+    again; skips the test where the filesystem has no such flag. Root writes into a chmod-000
+    folder; an immutable one it cannot."""
+    folder.mkdir()
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not available on this filesystem")
     try:
+        yield folder
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_the_output_check_without_create_names_an_unwritable_parent(tmp_path):
+    with immutable_folder(tmp_path / "locked") as locked:
         with pytest.raises(OutputDirError, match="is not writable: Operation not permitted"):
             check_output_dir(str(locked / "out"), create=False)
-    finally:
-        subprocess.run(["chattr", "-i", str(locked)], check=True)
     assert os.listdir(locked) == []
 
 
@@ -117,16 +125,9 @@ def test_an_output_dir_that_is_a_file_is_named_before_any_work(tmp_path, script)
 
 
 def test_an_unwritable_output_dir_is_named_at_start_up(tmp_path):
-    # Root writes into a chmod-000 folder; an immutable one (chattr +i) it cannot.
-    target = tmp_path / "read_only"
-    target.mkdir()
-    if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
-        pytest.skip("chattr +i is not available on this filesystem")
-    try:
+    with immutable_folder(tmp_path / "read_only") as target:
         result = run_in_process("train.py", "--config_path", "configs/quick_start.yaml",
                                 "--output_dir", target)
-    finally:
-        subprocess.run(["chattr", "-i", str(target)], check=True)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().endswith(
         f"output_dir {target} is not writable: Operation not permitted")
