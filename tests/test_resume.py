@@ -1,6 +1,5 @@
 """Resume: a run killed mid-epoch and resumed ends bit-identical to an uninterrupted one;
 SIGTERM saves and stops; unreadable checkpoints are passed over; non-finite losses stop."""
-import glob
 import json
 import os
 import re
@@ -35,23 +34,17 @@ def train_cmd(data, out, *extra):
             "--output_dir", out, *extra]
 
 
-def start_and_interrupt(data, out, signum, *extra):
+def start_and_interrupt(data, out, signum, *extra, steps_per_epoch=STEPS_PER_EPOCH):
     """Start training, send ``signum`` as soon as the first checkpoint it writes exists."""
-    before = set(checkpoints_in(out))
+    before = set(saved_steps(out, steps_per_epoch))
     proc = subprocess.Popen(train_cmd(data, out, *extra), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while time.time() < deadline and not set(checkpoints_in(out)) - before:
+    while time.time() < deadline and not set(saved_steps(out, steps_per_epoch)) - before:
         time.sleep(0.02)
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
     return proc.returncode, stdout, stderr
-
-
-def checkpoints_in(out):
-    """Finished checkpoints (not the temporary file of a save in progress)."""
-    return [n for n in glob.glob(os.path.join(out, "resnet18-*_*.ckpt"))
-            if not n.endswith(".partial.ckpt")]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +108,8 @@ def test_sigkill_then_resume_is_bit_exact_with_the_modern_recipe(cifar_small, tm
     assert int(reference["drop_path_step"].asnumpy()) == 30
     assert not any(n.startswith("grad_accum") for n in reference)  # zero at saves: not saved
     out = str(tmp_path / "killed")
-    code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL, *MODERN)
+    code, _, _ = start_and_interrupt(cifar_small["train"], out, signal.SIGKILL, *MODERN,
+                                     steps_per_epoch=5)
     assert code == -signal.SIGKILL
     done = saved_steps(out, steps_per_epoch=5)
     assert done and done[-1] < 15 and done[-1] % 5, f"not interrupted mid-epoch: {done}"
