@@ -107,6 +107,18 @@ def interleaved_class_images(root, count):
     return paths, labels
 
 
+def file_size_limit(limit):
+    """A ``preexec_fn`` for a process on a full disk: no file may grow past ``limit`` bytes, and
+    a write past it fails with EFBIG instead of killing the process (SIGXFSZ ignored, inherited
+    across exec)."""
+    def limited():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return limited
+
+
 @contextlib.contextmanager
 def entry_point_in_process(script, cwd=ROOT):
     """The entry point ``script`` (e.g. "train.py") imported and set to run in this process:

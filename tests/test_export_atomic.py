@@ -9,7 +9,7 @@ import mindspore as ms
 import pytest
 
 from src.models.resnet import create_network
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import ROOT, file_size_limit, run_in_process
 
 EARLIER = b"the earlier, good export"
 COMMON = ["--config_path", "configs/quick_start.yaml", "--batch_size", "1"]
@@ -22,51 +22,34 @@ def r18_ckpt(tmp_path_factory):
     return path
 
 
-def full_disk():
-    """``preexec_fn``: no file may grow past 1 MB (a ResNet-18 export is 45 MB); a write past
-    it fails with EFBIG (SIGXFSZ ignored)."""
-    import resource
-    import signal
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-
-
 # export.py's cases on a full disk: (file format, suffix, more arguments)
 CASES = {"ONNX": ("ONNX", ".onnx", []), "MINDIR": ("MINDIR", ".mindir", []),
          "int8 ONNX": ("ONNX", ".onnx", ["--quantize", "int8", "--calibration_images", "8",
                                          "--calibration_data_path",
                                          os.path.join(ROOT, "data", "cifar10_sample", "train")])}
-# Runs export.py's main with each argument list of argv[1] (JSON) as run_entry_point runs it
-# for a user (a UserError: "export.py: error: ..." on stderr, its exit status; any other
-# exception: its traceback and status 1, as the interpreter would), one after the other in this
-# interpreter; prints each run's exit status, stdout and stderr as JSON.
+# Runs each argument list of argv[1] (JSON) through tests.helpers.run_in_process, one after the
+# other in this interpreter; any other exception: its traceback and status 1, as the interpreter
+# would end; prints each run's exit status, stdout and stderr as JSON.
 EXPORTS = """
-import contextlib, io, json, sys, traceback
-runs = json.loads(sys.argv[1])
-sys.argv = ["export.py"]
-import export
-from src.utils.cli import run_entry_point
+import json, sys, traceback
+from tests.helpers import run_in_process
 results = []
-for argv in runs:
-    out, err, status = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            run_entry_point(export.main, argv)
-        except SystemExit as stop:
-            status = stop.code
-        except Exception:
-            traceback.print_exc()
-            status = 1
-    results.append({"returncode": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
+for argv in json.loads(sys.argv[1]):
+    try:
+        done = run_in_process("export.py", *argv)
+        results.append({"returncode": done.returncode, "stdout": done.stdout,
+                        "stderr": done.stderr})
+    except Exception:
+        results.append({"returncode": 1, "stdout": "", "stderr": traceback.format_exc()})
 print(json.dumps(results))
 """
 
 
 @pytest.fixture(scope="module")
 def full_disk_exports(tmp_path_factory, r18_ckpt):
-    """Each case of ``CASES`` exported on a full disk (``full_disk``) into a folder of its own
-    that holds an earlier file of that name: the three exports in one fresh interpreter (the
-    limit is set on a process), one after the other.
+    """Each case of ``CASES`` exported on a full disk (files capped at 1 MB; a ResNet-18 export
+    is 45 MB) into a folder of its own that holds an earlier file of that name: the three
+    exports in one fresh interpreter (the limit is set on a process), one after the other.
 
     Returns:
         dict: case -> (its folder, its run's ``returncode``, ``stdout`` and ``stderr``).
@@ -80,7 +63,8 @@ def full_disk_exports(tmp_path_factory, r18_ckpt):
         runs.append([*COMMON, "--checkpoint_path", r18_ckpt, "--file_format", file_format,
                      "--file_name", str(folders[case] / "model"), *extra])
     result = subprocess.run([sys.executable, "-c", EXPORTS, json.dumps(runs)], cwd=ROOT,
-                            text=True, capture_output=True, preexec_fn=full_disk, timeout=900)
+                            text=True, capture_output=True,
+                            preexec_fn=file_size_limit(1 << 20), timeout=900)
     assert result.returncode == 0, result.stdout[-1500:] + result.stderr[-1500:]
     reports = json.loads(result.stdout.strip().splitlines()[-1])
     return {case: (folders[case], report) for case, report in zip(CASES, reports)}

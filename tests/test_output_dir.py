@@ -11,7 +11,7 @@ import pytest
 from src.training.output_dir import LOCK_FILE, OutputDirLock, prepare_output_dir, trim_records
 from src.utils.errors import OutputDirError
 from src.utils.files import check_output_dir
-from tests.helpers import run_entry, run_in_process
+from tests.helpers import file_size_limit, run_entry, run_in_process
 
 TRAIN = ["--config_path", "configs/quick_start.yaml", "--num_parallel_workers", "1",
          "--run_eval", "false", "--epoch_size", "1"]
@@ -105,15 +105,6 @@ def test_the_output_check_without_create_names_an_unwritable_parent(tmp_path):
     assert os.listdir(locked) == []
 
 
-def full_disk():
-    """``preexec_fn``: files may not grow past 64 bytes (a full disk), and a write past that fails
-    with EFBIG instead of killing the process (SIGXFSZ ignored, inherited across exec)."""
-    import resource
-    import signal
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
-
-
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_an_output_dir_that_is_a_file_is_named_before_any_work(tmp_path, script):
     target = tmp_path / "results"
@@ -150,7 +141,7 @@ def test_eval_on_a_full_disk_exits_4_and_keeps_the_earlier_result(tmp_path, cifa
                              "configs/quick_start.yaml", "--checkpoint_path", ckpt,
                              "--data_path", cifar_small["test"], "--output_dir", str(out)],
                             cwd=os.path.dirname(os.path.dirname(__file__)), text=True,
-                            capture_output=True, preexec_fn=full_disk, timeout=600)
+                            capture_output=True, preexec_fn=file_size_limit(64), timeout=600)
     assert result.returncode == 4, result.stderr[-2000:]
     assert f"cannot write {out / 'eval_result.json'}: File too large" in result.stderr
     assert (out / "eval_result.json").read_text() == earlier
