@@ -22,6 +22,7 @@ from src.models.resnet import (
     BasicBlock,
     Bottleneck,
     DropPathScales,
+    ResNet,
     batch_norm,
     block_key,
     conv1x1,
@@ -242,8 +243,11 @@ def test_zero_rate_adds_nothing_and_inference_never_drops(graph_mode):
 def test_training_cell_advances_the_counter_after_each_call(graph_mode):
     """Call n of the training cell (micro-batches counted, with accumulation too) draws with
     counter n: its loss is the network's loss with ``drop_path_step`` set to n (BatchNorm
-    frozen and LR 0, so nothing else changes between calls)."""
-    net = create_network("resnet18", 10, drop_path_rate=0.9, drop_path_seed=4)
+    frozen and LR 0, so nothing else changes between calls). The network is a ResNet of one
+    BasicBlock per stage (3 of its 4 blocks drop), its loss with counter n computed in
+    PyNative mode: the two training cells are the compiled graphs under test."""
+    net = ResNet(BasicBlock, [1, 1, 1, 1], 10, drop_path_rate=0.9, drop_path_seed=4)
+    assert net.drop_path_blocks == [1, 2, 3]
     freeze_batchnorm(net)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
@@ -251,9 +255,11 @@ def test_training_cell_advances_the_counter_after_each_call(graph_mode):
     probe = nn.WithLossCell(net, CrossEntropySmooth(0.0, 10))
     probe.set_train()
     drawn = []  # the network's loss with the counter set to n (LR 0: the weights stay)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
     for n in range(4):
         net.drop_path_step.set_data(ms.Tensor(n, ms.int32))
         drawn.append(float(probe(x, y).asnumpy()))
+    ms.set_context(mode=ms.GRAPH_MODE)
     for accumulation in (1, 2):
         net.drop_path_step.set_data(ms.Tensor(0, ms.int32))
         step = TrainStep(nn.WithLossCell(net, CrossEntropySmooth(0.0, 10)),
