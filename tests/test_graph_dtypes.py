@@ -90,23 +90,28 @@ def project_source(lines, i):
 def float64_lines(folder):
     """Lines of the ``.ir`` files under ``folder`` that name a float64 type.
 
+    The files are searched as bytes (~70 MB per optimizer; ``bytes.lower`` folds ASCII only,
+    which is all the words hold); a file is decoded and searched line by line only when it
+    holds one of ``FLOAT64_WORDS``.
+
     Returns:
-        tuple(list[tuple[str, str]], int, str): (``file: line``, the project source line that
-        made the node, see ``project_source``) per offending line, the number of ``.ir`` files
-        read, and their concatenated text.
+        tuple(list[tuple[str, str]], int, bytes): (``file: line``, the project source line
+        that made the node, see ``project_source``) per offending line, the number of ``.ir``
+        files read, and their concatenated contents (UTF-8).
     """
-    found, count, texts = [], 0, []
+    found, count, contents = [], 0, []
     for root, _, files in os.walk(folder):
         for name in sorted(files):
             if not name.endswith(".ir"):
                 continue
             count += 1
-            with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
-                texts.append(f.read())
-            lowered = texts[-1].lower()
-            if not any(word in lowered for word in FLOAT64_WORDS):
+            with open(os.path.join(root, name), "rb") as f:
+                contents.append(f.read())
+            folded = contents[-1].lower()
+            if not any(word.encode() in folded for word in FLOAT64_WORDS):
                 continue  # no line can match: the line by line search below is skipped
-            lines = texts[-1].splitlines()
+            text = contents[-1].decode("utf-8", errors="replace")
+            lowered, lines = text.lower(), text.splitlines()
             # every FLOAT64 match holds "64" or "double" (any case): the regex, slow on
             # ~70 MB of IR per optimizer, runs on the lines that hold one of them
             for i, low in enumerate(lowered.splitlines()):
@@ -114,7 +119,7 @@ def float64_lines(folder):
                         and not SOURCE.search(lines[i]):
                     found.append((f"{name}: {lines[i].strip()[:150]}",
                                   project_source(lines, i)))
-    return found, count, "\n".join(texts)
+    return found, count, b"\n".join(contents)
 
 
 def dump_each(optimizers, folder):
@@ -153,8 +158,8 @@ def test_training_graphs_hold_no_float64(optimizer, graphs):
     assert files >= 10, f"only {files} .ir files saved under {dump}: is graph saving on?"
     scope = {"momentum": "optimizer-Momentum", "adamw": "optimizer-AdamW",
              "lamb": "optimizer-Lamb", "lars": "optimizer-Lars"}[optimizer]
-    assert scope in text, f"the saved graphs do not contain {scope}'s operators"
-    assert "Float32" in text  # the search reads the type names the IR prints
+    assert scope.encode() in text, f"the saved graphs do not contain {scope}'s operators"
+    assert b"Float32" in text  # the search reads the type names the IR prints
     sources = Counter(where for _, where in found)
     assert not found, (f"{len(found)} float64 line(s) in the {optimizer} training graphs; "
                        "from:\n" + "\n".join(f"{n:5d} x {w}" for w, n in sources.most_common(8))
