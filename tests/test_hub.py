@@ -146,15 +146,8 @@ def hub_env(cache, offline=True, endpoint=None):
     return env
 
 
-def run_with_env(env, script, *args):
-    """``run_entry`` with another environment."""
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-                          check=False)
-
-
 def run_offline_in_process(cache, script, *args):
-    """``run_in_process`` as ``run_with_env(hub_env(cache), ...)`` runs it: huggingface_hub
+    """``run_in_process`` as a fresh interpreter with ``hub_env(cache)`` runs it: huggingface_hub
     reads HF_HUB_CACHE and HF_HUB_OFFLINE into its ``constants`` when imported, so they are
     set there as well as in the environment; the ids ``resolve_weights`` remembers in this
     process are forgotten before and after."""
@@ -343,8 +336,8 @@ def test_unbuilt_network_and_wrong_net_name_are_named(tmp_path, r18_pair):
 
 
 # ---- the entry points on a Hub cache, offline ----
-# eval.py runs in a fresh interpreter with HF_HUB_OFFLINE and HF_HUB_CACHE in its environment,
-# as a user runs it; the other entry-point runs here are in-process (run_offline_in_process)
+# in-process (run_offline_in_process); predict.py without torch runs in a fresh interpreter with
+# HF_HUB_OFFLINE and HF_HUB_CACHE in its environment, as a user runs it
 
 @pytest.mark.slow
 @pytest.mark.parametrize("repo", ["timm/resnet18.tv_in1k", "timm/resnet18.a1_in1k"],
@@ -394,9 +387,10 @@ def test_eval_from_hub_cache_matches_torch(tmp_path, hub_cache):
     folder = write_weights_folder(str(tmp_path / "r50"), tnet, "resnet50", TV2_SMALL)
     add_to_hub_cache(str(hub_cache), "timm/resnet50.tv2_in1k", folder)
     out = tmp_path / "eval"
-    succeeded(run_with_env(hub_env(hub_cache), "eval.py", "--checkpoint_path",
-                           "hf-hub:timm/resnet50.tv2_in1k", "--data_path", IMAGENET_SMALL,
-                           "--batch_size", 13, "--output_dir", out, "--device_target", "CPU"))
+    succeeded(run_offline_in_process(hub_cache, "eval.py", "--checkpoint_path",
+                                     "hf-hub:timm/resnet50.tv2_in1k", "--data_path",
+                                     IMAGENET_SMALL, "--batch_size", 13, "--output_dir", out,
+                                     "--device_target", "CPU"))
     result = json.load(open(out / "eval_result.json", encoding="utf-8"))
     paths = imagenet_images()
     logits = torch.from_numpy(torch_logits(tnet, paths, TV2_SMALL))
@@ -614,16 +608,18 @@ def test_entry_points_report_hub_errors_in_one_line(tmp_path, hub_cache):
 
 
 @pytest.mark.slow
-def test_entry_points_load_safetensors_without_torch(tmp_path, r18_pair):
-    """torch is a test dependency only: predict.py runs a safetensors folder with torch made
-    unimportable."""
-    folder = write_weights_folder(str(tmp_path / "w"), r18_pair, "resnet18", A1_CFG)
+def test_entry_points_load_safetensors_without_torch(hub_cache):
+    """torch is a test dependency only: predict.py runs Hub weights (a safetensors snapshot of
+    the offline cache, HF_HUB_OFFLINE and HF_HUB_CACHE read from its environment) with torch
+    made unimportable."""
     code = ("import sys, runpy\nsys.modules['torch'] = None\n"
             "sys.argv = ['predict.py'] + sys.argv[1:]\n"
             "runpy.run_path('predict.py', run_name='__main__')\n")
-    result = subprocess.run([sys.executable, "-c", code, "--checkpoint_path", folder,
-                             "--image_path", imagenet_images()[0], "--top_k", "1"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run([sys.executable, "-c", code, "--checkpoint_path",
+                             "hf-hub:timm/resnet18.tv_in1k", "--image_path",
+                             imagenet_images()[0], "--top_k", "1"],
+                            cwd=ROOT, env=hub_env(hub_cache), capture_output=True, text=True,
+                            timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     top = json.loads(result.stdout.strip().splitlines()[-1])["top"][0]
     with open(os.path.join(ROOT, "data", "imagenet_classes.tsv"), encoding="utf-8") as f:
