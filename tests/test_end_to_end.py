@@ -66,14 +66,23 @@ def test_train_writes_checkpoints_metrics_and_config(trained):
                      r"\d+\.\d img/s eta \d+:\d\d:\d\d\n", trained["log"]), trained["log"][-3000:]
 
 
-def test_eval_covers_every_image(trained, tmp_path):
-    out = str(tmp_path / "eval")
+@pytest.fixture(scope="module")
+def checkpoint_eval(trained, tmp_path_factory):
+    """eval.py of the trained checkpoint on the 30 test images, batch 4, in a fresh
+    interpreter (as a user runs it): its eval_result.json, for the checks of the evaluation
+    and as the reference of the exported models' evaluations."""
+    out = str(tmp_path_factory.mktemp("eval_ckpt"))
     succeeded(run_entry("eval.py", *COMMON, "--checkpoint_path", trained["ckpt"], "--data_path",
-                    trained["test"], "--batch_size", "7", "--output_dir", out))
-    report = json.load(open(os.path.join(out, "eval_result.json")))
+                        trained["test"], "--batch_size", "4", "--output_dir", out))
+    with open(os.path.join(out, "eval_result.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_eval_covers_every_image(checkpoint_eval):
+    report = checkpoint_eval
     assert report["images"] == 30
     assert 0 <= report["top1"] <= report["top5"] <= 1
-    # the final partial batch (30 = 4 * 7 + 2) counts: accuracy is a multiple of 1/30
+    # the final partial batch (30 = 7 * 4 + 2) counts: accuracy is a multiple of 1/30
     assert abs(report["top1"] * 30 - round(report["top1"] * 30)) < 1e-6
 
 
@@ -141,10 +150,11 @@ def test_folding_is_optional_and_both_exports_match(trained, exported):
     assert sizes == {"true": 0, "false": 20}
 
 
-def test_eval_of_exported_models_equals_the_checkpoint(trained, exported, tmp_path):
-    reports = {}
-    for fmt in ("CKPT", "MINDIR", "ONNX"):
-        path = trained["ckpt"] if fmt == "CKPT" else exported[fmt]
+def test_eval_of_exported_models_equals_the_checkpoint(trained, exported, checkpoint_eval,
+                                                     tmp_path):
+    reports = {"CKPT": checkpoint_eval}  # the same data and batch size
+    for fmt in ("MINDIR", "ONNX"):
+        path = exported[fmt]
         out = str(tmp_path / f"eval_{fmt}")
         succeeded(run_in_process("eval.py", *COMMON, "--checkpoint_path", path, "--data_path",
                                  trained["test"], "--batch_size", "4", "--output_dir", out))
