@@ -3,6 +3,7 @@ file on a full disk, unreadable images and folders, entries with an image name t
 image files, sub-folders inside class folders, a device target the installed MindSpore lacks,
 two exports to one file at once, and the commands in the recipe files' headers."""
 import fcntl
+import json
 import logging
 import os
 import re
@@ -239,17 +240,68 @@ def installed_targets():
     return available_targets() or ["CPU"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script, args", [
-    ("train.py", ["--output_dir", "{tmp}/out"]),
-    ("eval.py", ["--checkpoint_path", "unused.ckpt", "--output_dir", "{tmp}/out"]),
-    ("export.py", ["--checkpoint_path", "unused.ckpt", "--file_name", "{tmp}/m"]),
-    ("predict.py", ["--checkpoint_path", "unused.ckpt", "--image_path", SAMPLE])])
-def test_a_device_target_mindspore_lacks_is_one_line(script, args, tmp_path):
+GPU_CASES = {"train.py": ["--output_dir", "{tmp}/out"],
+             "eval.py": ["--checkpoint_path", "unused.ckpt", "--output_dir", "{tmp}/out"],
+             "export.py": ["--checkpoint_path", "unused.ckpt", "--file_name", "{tmp}/m"],
+             "predict.py": ["--checkpoint_path", "unused.ckpt", "--image_path", SAMPLE]}
+
+# Entry points run one after another in one fresh interpreter, each as ``python SCRIPT ARGS``
+# runs it (``run_entry_point``, ``sys.argv[0]`` the script), its stderr file descriptor 2 (where
+# MindSpore's own log goes too) sent to a file of its own; any other exception is printed
+# there with its traceback, as the interpreter would. argv: JSON [[script, args], ...], the
+# JSON file to write {script: {"returncode", "stderr"}} to.
+IN_TURN = """\
+import importlib, json, os, sys, tempfile, traceback
+from src.utils.cli import run_entry_point
+cases, results_path, results = json.loads(sys.argv[1]), sys.argv[2], {}
+for script, args in cases:
+    sys.argv = [os.path.abspath(script)]
+    with tempfile.TemporaryFile("w+") as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            run_entry_point(importlib.import_module(script[:-3]).main, args)
+            code = 0
+        except SystemExit as stop:
+            code = 0 if stop.code is None else stop.code
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        results[script] = {"returncode": code, "stderr": err.read()}
+with open(results_path, "w", encoding="utf-8") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_refusals(tmp_path_factory):
+    """The four entry points with ``--device_target GPU``, in one fresh interpreter
+    (``IN_TURN``: MindSpore imported once, as none of them may set up a device before the
+    check): each one's exit status and stderr, as ``run_entry``'s result."""
     if "GPU" in installed_targets():
         pytest.skip("this MindSpore runs on GPU")
-    result = run_entry(script, "--config_path", QUICK, "--device_target", "GPU",
-                       *[a.format(tmp=tmp_path) for a in args])
+    tmp = tmp_path_factory.mktemp("gpu")
+    cases = [[script, ["--config_path", QUICK, "--device_target", "GPU",
+                       *[a.format(tmp=tmp) for a in args]]] for script, args in GPU_CASES.items()]
+    results = tmp / "results.json"
+    run = subprocess.run([sys.executable, "-c", IN_TURN, json.dumps(cases), str(results)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    with open(results, encoding="utf-8") as f:
+        return {script: subprocess.CompletedProcess([script], r["returncode"], "", r["stderr"])
+                for script, r in json.load(f).items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(GPU_CASES))
+def test_a_device_target_mindspore_lacks_is_one_line(script, gpu_refusals):
+    result = gpu_refusals[script]
     assert one_line_error(result) == (
         f"{script}: error: device_target GPU is not available: the installed MindSpore "
         f"{ms.__version__} runs on {', '.join(installed_targets())} only (a build without GPU, "

@@ -57,6 +57,19 @@ A1_CFG = {"input_size": [3, 224, 224], "test_input_size": [3, 288, 288], "crop_p
           "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
+def at_sides(pretrained_cfg, train, test):
+    """``pretrained_cfg`` with other image sides (``input_size`` ``train``,
+    ``test_input_size`` ``test``), its crop fractions and filter kept: the same rules on
+    smaller images, for the runs of the entry points."""
+    return dict(pretrained_cfg, input_size=[3, train, train], test_input_size=[3, test, test])
+
+
+# TV2_CFG on small images: eval at 64 px after a resize to floor(64 / 0.965) = 66 (its train
+# settings would give 48 and 54); A1_CFG's: 80 px, no crop (64 and 67)
+TV2_SMALL = at_sides(TV2_CFG, 48, 64)
+A1_SMALL = at_sides(A1_CFG, 64, 80)
+
+
 def timm_eval_tensor(path, size, crop_pct, interpolation):
     """timm's eval transform on a PIL image (``transforms_factory.transforms_imagenet_eval``:
     Resize(floor(size / crop_pct)) with the filter, CenterCrop(size), ToTensor, Normalize),
@@ -133,15 +146,8 @@ def hub_env(cache, offline=True, endpoint=None):
     return env
 
 
-def run_with_env(env, script, *args):
-    """``run_entry`` with another environment."""
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-                          check=False)
-
-
 def run_offline_in_process(cache, script, *args):
-    """``run_in_process`` as ``run_with_env(hub_env(cache), ...)`` runs it: huggingface_hub
+    """``run_in_process`` as a fresh interpreter with ``hub_env(cache)`` runs it: huggingface_hub
     reads HF_HUB_CACHE and HF_HUB_OFFLINE into its ``constants`` when imported, so they are
     set there as well as in the environment; the ids ``resolve_weights`` remembers in this
     process are forgotten before and after."""
@@ -181,15 +187,16 @@ def r18_pair():
 
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory, r18_pair):
-    """A Hugging Face cache holding ``timm/resnet18.tv_in1k`` (bilinear, 224/0.875) and
-    ``timm/resnet18.a1_in1k`` (bicubic, test 288/1.0, label_names), both the torch ResNet-18,
-    and ``timm/resnet50d.a1_in1k`` (a network not built here: its config.json names it)."""
+    """A Hugging Face cache holding ``timm/resnet18.tv_in1k`` (bilinear, 64/0.875, no test
+    sizes) and ``timm/resnet18.a1_in1k`` (``A1_SMALL``: bicubic, test 80/1.0, label_names),
+    both the torch ResNet-18, and ``timm/resnet50d.a1_in1k`` (a network not built here: its
+    config.json names it)."""
     root = tmp_path_factory.mktemp("hub")
     cache = root / "cache"
     tv = {k: v for k, v in TV2_CFG.items() if not k.startswith("test_")}
-    tv["input_size"] = [3, 224, 224]
+    tv["input_size"] = [3, 64, 64]
     folders = {"timm/resnet18.tv_in1k": (tv, None),
-               "timm/resnet18.a1_in1k": (A1_CFG, [f"label {i}" for i in range(1000)])}
+               "timm/resnet18.a1_in1k": (A1_SMALL, [f"label {i}" for i in range(1000)])}
     for repo_id, (pcfg, labels) in folders.items():
         folder = write_weights_folder(str(root / repo_id.replace("/", "_")), r18_pair,
                                       "resnet18", pcfg, labels)
@@ -292,7 +299,7 @@ def test_safetensors_folder_loads_bit_exact(tmp_path, r18_pair):
     assert bare.keys() == read_checkpoint(folder).keys()
 
 
-@pytest.mark.parametrize("pretrained_cfg", [TV2_CFG, A1_CFG], ids=["bilinear", "bicubic"])
+@pytest.mark.parametrize("pretrained_cfg", [TV2_SMALL, A1_SMALL], ids=["bilinear", "bicubic"])
 def test_folder_logits_equal_torch(tmp_path, r18_pair, pretrained_cfg):
     """A folder's weights, run with its config.json's eval settings (as eval and predict take
     them), give the torch network's logits on timm's preprocessing."""
@@ -329,8 +336,8 @@ def test_unbuilt_network_and_wrong_net_name_are_named(tmp_path, r18_pair):
 
 
 # ---- the entry points on a Hub cache, offline ----
-# eval.py runs in a fresh interpreter with HF_HUB_OFFLINE and HF_HUB_CACHE in its environment,
-# as a user runs it; the other entry-point runs here are in-process (run_offline_in_process)
+# in-process (run_offline_in_process); predict.py without torch runs in a fresh interpreter with
+# HF_HUB_OFFLINE and HF_HUB_CACHE in its environment, as a user runs it
 
 @pytest.mark.slow
 @pytest.mark.parametrize("repo", ["timm/resnet18.tv_in1k", "timm/resnet18.a1_in1k"],
@@ -349,8 +356,8 @@ def test_predict_from_hub_cache_offline(tmp_path, hub_cache, r18_pair, repo):
             for line in result.stdout.splitlines() if line.startswith("{")}
     rows = {os.path.join(IMAGENET_SMALL, image): top for image, top in rows.items()}
     assert sorted(rows) == sorted(paths)
-    pcfg = A1_CFG if "a1" in repo else dict(TV2_CFG, test_input_size=[3, 224, 224],
-                                            test_crop_pct=0.875)
+    pcfg = A1_SMALL if "a1" in repo else dict(TV2_CFG, test_input_size=[3, 64, 64],
+                                              test_crop_pct=0.875)
     logits = torch_logits(r18_pair, paths, pcfg)
     probs = np.exp(logits - logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)
@@ -365,8 +372,8 @@ def test_predict_from_hub_cache_offline(tmp_path, hub_cache, r18_pair, repo):
         with open(os.path.join(ROOT, "data", "imagenet_classes.tsv"), encoding="utf-8") as f:
             names = [line.rstrip("\n").split("\t")[-1] for line in f if line[0].isdigit()]
         assert first["name"] == names[first["class"]]
-    taken = "eval_image_size 288, eval_resize 288, eval_interpolation bicubic" if "a1" in repo \
-        else "eval_image_size 224, eval_resize 256, eval_interpolation bilinear"
+    taken = "eval_image_size 80, eval_resize 80, eval_interpolation bicubic" if "a1" in repo \
+        else "eval_image_size 64, eval_resize 73, eval_interpolation bilinear"
     assert f"hf-hub:{repo}: taken from it: net_name resnet18, class_num 1000, {taken}" \
         in result.stderr
 
@@ -375,17 +382,18 @@ def test_predict_from_hub_cache_offline(tmp_path, hub_cache, r18_pair, repo):
 def test_eval_from_hub_cache_matches_torch(tmp_path, hub_cache):
     """eval.py --checkpoint_path hf-hub:timm/resnet50.tv2_in1k (a ResNet-50 of 26 classes, one
     per shipped ImageNet folder): top-1, top-5, loss and every image's prediction equal the
-    torch network's on timm's preprocessing (bilinear, resize 232, crop 224)."""
+    torch network's on timm's preprocessing (``TV2_SMALL``: bilinear, resize 66, crop 64)."""
     tnet, _ = reference_pair("resnet50", 26, seed=5)
-    folder = write_weights_folder(str(tmp_path / "r50"), tnet, "resnet50", TV2_CFG)
+    folder = write_weights_folder(str(tmp_path / "r50"), tnet, "resnet50", TV2_SMALL)
     add_to_hub_cache(str(hub_cache), "timm/resnet50.tv2_in1k", folder)
     out = tmp_path / "eval"
-    succeeded(run_with_env(hub_env(hub_cache), "eval.py", "--checkpoint_path",
-                           "hf-hub:timm/resnet50.tv2_in1k", "--data_path", IMAGENET_SMALL,
-                           "--batch_size", 13, "--output_dir", out, "--device_target", "CPU"))
+    succeeded(run_offline_in_process(hub_cache, "eval.py", "--checkpoint_path",
+                                     "hf-hub:timm/resnet50.tv2_in1k", "--data_path",
+                                     IMAGENET_SMALL, "--batch_size", 13, "--output_dir", out,
+                                     "--device_target", "CPU"))
     result = json.load(open(out / "eval_result.json", encoding="utf-8"))
     paths = imagenet_images()
-    logits = torch.from_numpy(torch_logits(tnet, paths, TV2_CFG))
+    logits = torch.from_numpy(torch_logits(tnet, paths, TV2_SMALL))
     labels = torch.arange(26)
     top5 = logits.topk(5, 1).indices
     assert result["images"] == 26
@@ -600,16 +608,18 @@ def test_entry_points_report_hub_errors_in_one_line(tmp_path, hub_cache):
 
 
 @pytest.mark.slow
-def test_entry_points_load_safetensors_without_torch(tmp_path, r18_pair):
-    """torch is a test dependency only: predict.py runs a safetensors folder with torch made
-    unimportable."""
-    folder = write_weights_folder(str(tmp_path / "w"), r18_pair, "resnet18", A1_CFG)
+def test_entry_points_load_safetensors_without_torch(hub_cache):
+    """torch is a test dependency only: predict.py runs Hub weights (a safetensors snapshot of
+    the offline cache, HF_HUB_OFFLINE and HF_HUB_CACHE read from its environment) with torch
+    made unimportable."""
     code = ("import sys, runpy\nsys.modules['torch'] = None\n"
             "sys.argv = ['predict.py'] + sys.argv[1:]\n"
             "runpy.run_path('predict.py', run_name='__main__')\n")
-    result = subprocess.run([sys.executable, "-c", code, "--checkpoint_path", folder,
-                             "--image_path", imagenet_images()[0], "--top_k", "1"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run([sys.executable, "-c", code, "--checkpoint_path",
+                             "hf-hub:timm/resnet18.tv_in1k", "--image_path",
+                             imagenet_images()[0], "--top_k", "1"],
+                            cwd=ROOT, env=hub_env(hub_cache), capture_output=True, text=True,
+                            timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     top = json.loads(result.stdout.strip().splitlines()[-1])["top"][0]
     with open(os.path.join(ROOT, "data", "imagenet_classes.tsv"), encoding="utf-8") as f:

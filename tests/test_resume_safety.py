@@ -145,27 +145,6 @@ def test_overwrite_moves_the_later_steps_aside(finished, tmp_path, capsys):
 
 # ---- (c) the best score: the higher of the checkpoint's and the best checkpoint's ----
 
-@pytest.mark.slow
-def test_a_resume_keeps_the_best_checkpoint_s_score(finished, tmp_path):
-    """The newest checkpoint lost (a crash during its save) after the best checkpoint of its
-    epoch was written: ``auto`` falls back to the previous one, whose stored best is lower; the
-    best checkpoint must not be replaced by a worse model."""
-    out = copy_run(finished, tmp_path)
-    best_path = os.path.join(out, f"{NET}-best.ckpt")
-    params = ms.load_checkpoint(best_path)
-    atomic_save_checkpoint([{"name": n, "data": v} for n, v in params.items()
-                            if not isinstance(v, str)], best_path,
-                           {BEST_KEY: json.dumps({"top1": 0.99, "epoch": 3})})
-    newest = os.path.join(out, f"{NET}-3_5.ckpt")
-    os.chmod(newest, 0o600)
-    with open(newest, "r+b") as f:
-        f.truncate(1000)
-    before = folder_bytes(out)[f"{NET}-best.ckpt"]
-    train(finished, out, "--resume_ckpt", "auto")
-    assert folder_bytes(out)[f"{NET}-best.ckpt"] == before
-    assert stored_best(read_checkpoint(newest)) == {"top1": 0.99, "epoch": 3}
-
-
 # ---- an image the decoder rejects, met during training ----
 
 @pytest.mark.slow
@@ -229,9 +208,54 @@ def test_a_resume_on_other_data_is_refused(finished, tmp_path, change, images, s
             f"epoch)") in line
     assert "--resume_ignore_config true" in line
     assert folder_bytes(out) == before
-    if change > 0:  # the way out: resumed with the new data
-        train(finished, out, "--resume_ckpt", "auto", "--resume_ignore_config", "true",
-              data=data)
+
+
+# ---- one resume for two checks: the best score kept, and the data change forced ----
+
+@pytest.fixture(scope="module")
+def lost_save_resumed_on_new_data(finished, tmp_path_factory):
+    """The newest checkpoint lost (a crash during its save) after the best checkpoint of its
+    epoch was written (its score set to 0.99 here), and 15 images added to the data: resumed
+    with ``--resume_ckpt auto --resume_ignore_config true`` in the test process. ``auto``
+    falls back to the previous checkpoint, whose stored best is lower.
+
+    Returns:
+        dict: ``out``; ``best`` (the best checkpoint's bytes before the resume), ``newest``
+        (the lost checkpoint's path, written again by the resume).
+    """
+    root = tmp_path_factory.mktemp("lost_save")
+    out = copy_run(finished, root)
+    best_path = os.path.join(out, f"{NET}-best.ckpt")
+    params = ms.load_checkpoint(best_path)
+    atomic_save_checkpoint([{"name": n, "data": v} for n, v in params.items()
+                            if not isinstance(v, str)], best_path,
+                           {BEST_KEY: json.dumps({"top1": 0.99, "epoch": 3})})
+    newest = os.path.join(out, f"{NET}-3_5.ckpt")
+    os.chmod(newest, 0o600)
+    with open(newest, "r+b") as f:
+        f.truncate(1000)
+    before = folder_bytes(out)[f"{NET}-best.ckpt"]
+    data = data_with(finished, root, 15)
+    train(finished, out, "--resume_ckpt", "auto", "--resume_ignore_config", "true", data=data)
+    return {"out": out, "best": before, "newest": newest}
+
+
+@pytest.mark.slow
+def test_a_resume_keeps_the_best_checkpoint_s_score(lost_save_resumed_on_new_data):
+    """The best checkpoint must not be replaced by a worse model: the resumed run goes on from
+    the best checkpoint's score (0.99), higher than the resumed checkpoint's."""
+    run = lost_save_resumed_on_new_data
+    assert folder_bytes(run["out"])[f"{NET}-best.ckpt"] == run["best"]
+    assert stored_best(read_checkpoint(run["newest"])) == {"top1": 0.99, "epoch": 3}
+
+
+@pytest.mark.slow
+def test_a_resume_on_other_data_goes_on_with_resume_ignore_config(
+        lost_save_resumed_on_new_data):
+    """The way out the refusal names: resumed with the new data (95 images, 5 steps per
+    epoch), epoch 3 trained once more after the records of epochs 1-2."""
+    records_after = records(lost_save_resumed_on_new_data["out"])
+    assert [(r["epoch"], r["step"]) for r in records_after] == [(1, 5), (2, 10), (3, 15)]
 
 
 # ---- nothing to resume ----
