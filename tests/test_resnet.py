@@ -154,7 +154,7 @@ def test_maxpool_equals_torch_forward_and_gradient(relu):
     x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
     if relu:
         x = np.maximum(x, 0)
-    pool = create_network("resnet18").maxpool
+    pool = structure("resnet18").maxpool  # no parameters of its own
     ref, ref_grad = torch_max_pool(x)
     np.testing.assert_array_equal(pool(ms.Tensor(x)).asnumpy(), ref)
     np.testing.assert_array_equal(max_pool_grad(pool, x), ref_grad)
@@ -206,7 +206,7 @@ def test_pool_forms_equal_after_relu_on_real_images():
     net.set_train(False)
     stem = net.bn1(net.conv1(images))  # pre-ReLU, (4, 64, 112, 112)
     relu = ops.ReLU()
-    torch_form, ascend_form = create_network("resnet18", 10).maxpool, MaxPoolPad1()
+    torch_form, ascend_form = structure("resnet18", 10).maxpool, MaxPoolPad1()
     out = torch_form(relu(stem)).asnumpy()
     assert out.shape == (4, 64, 56, 56) and (out == 0).any()  # all-zero windows exist
     np.testing.assert_array_equal(ascend_form(relu(stem)).asnumpy(), out)
