@@ -17,7 +17,8 @@ rounds. Cases:
   channels_last, and channels_last + ``torch.compile``, same shapes and thread count;
 - the data pipeline alone on real full-size JPEGs, to compare with the train step's use, also
   with TrivialAugment wide + random erasing (p 0.1) on;
-- float32 GEMMs (n=4096; torch.mm and ONNX Runtime's MatMul) for the machine's fp32 limit; the
+- float32 GEMMs (n=4096, ``--gemm_n``; torch.mm and ONNX Runtime's MatMul) for the machine's
+  fp32 limit; the
   "% of fp32 limit" column is img/s x FLOPs per image (torch's FlopCounterMode, forward x3 for
   a train step) over the faster GEMM's FLOP/s.
 
@@ -61,6 +62,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="timed calls per process")
     parser.add_argument("--loop_steps", type=int, default=4,
                         help="batches per timed call of the training loop and data cases")
+    parser.add_argument("--gemm_n", type=int, default=GEMM_N,
+                        help="size n of the fp32 limit's n x n x n GEMMs")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads for PyTorch, ONNX Runtime and the data pipeline")
     parser.add_argument("--data_path", default=os.path.join(ROOT, "..", "shared", "data",
@@ -81,7 +84,8 @@ def parse_args(argv=None):
     unknown = [n for n in names if n not in CASES and n != "prepare"]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; valid: {', '.join(CASES)}")
-    for key in ("batch_size", "image_size", "rounds", "steps", "loop_steps", "threads"):
+    for key in ("batch_size", "image_size", "rounds", "steps", "loop_steps", "gemm_n",
+                "threads"):
         if getattr(args, key) < 1:
             parser.error(f"--{key} must be a positive integer, got {getattr(args, key)}")
     args.case_names = names
@@ -274,10 +278,11 @@ def quantize_net(args):
 
 
 def ort_gemm(args):
-    """A float32 n x n x n MatMul in ONNX Runtime (MLAS, AVX-512 where the CPU has it)."""
+    """A float32 n x n x n MatMul (n: ``--gemm_n``) in ONNX Runtime (MLAS, AVX-512 where the
+    CPU has it)."""
     import numpy as np
     from onnx import TensorProto, helper
-    shape = [GEMM_N, GEMM_N]
+    shape = [args.gemm_n, args.gemm_n]
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "ab"],
@@ -290,7 +295,7 @@ def ort_gemm(args):
     session = ort_session(path, args.threads)
     rng = np.random.default_rng(0)
     feed = {n: rng.standard_normal(shape, dtype=np.float32) for n in "ab"}
-    return lambda: session.run(None, feed) is not None and 2 * GEMM_N ** 3
+    return lambda: session.run(None, feed) is not None and 2 * args.gemm_n ** 3
 
 
 # ---------------------------------------------------------------- worker side: PyTorch
@@ -340,11 +345,11 @@ def torch_infer(args, channels_last=False, compiled=False):
 
 
 def torch_gemm(args):
-    """A float32 n x n x n matrix product in torch (MKL)."""
+    """A float32 n x n x n matrix product (n: ``--gemm_n``) in torch (MKL)."""
     import torch
     torch.set_num_threads(args.threads)
-    a, b = torch.randn(GEMM_N, GEMM_N), torch.randn(GEMM_N, GEMM_N)
-    return lambda: torch.mm(a, b) is not None and 2 * GEMM_N ** 3
+    a, b = torch.randn(args.gemm_n, args.gemm_n), torch.randn(args.gemm_n, args.gemm_n)
+    return lambda: torch.mm(a, b) is not None and 2 * args.gemm_n ** 3
 
 
 def forward_flops(args):
@@ -395,8 +400,8 @@ CASES = {
     "data_pipeline_augmented": ("data", "ours: data pipeline alone + TrivialAugment wide + "
                                 "random erasing 0.1",
                                 lambda a: data_pipeline(a, AUGMENTED_PIPELINE), True),
-    "gemm_torch": ("gemm", f"fp32 GEMM n={GEMM_N}, torch.mm", torch_gemm, False),
-    "gemm_ort": ("gemm", f"fp32 GEMM n={GEMM_N}, ONNX Runtime MatMul", ort_gemm, False),
+    "gemm_torch": ("gemm", "fp32 GEMM, torch.mm", torch_gemm, False),
+    "gemm_ort": ("gemm", "fp32 GEMM, ONNX Runtime MatMul", ort_gemm, False),
 }
 TORCH_REFERENCES = {"train": ("torch_train_nchw", "torch_train_channels_last",
                               "torch_train_compile"),
@@ -449,7 +454,7 @@ def spawn(args, worker, case_needs_isa_cap):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
            "--artifacts", args.artifacts]
     for key in ("net_name", "batch_size", "image_size", "class_num", "steps", "loop_steps",
-                "threads", "data_path", "cases"):
+                "gemm_n", "threads", "data_path", "cases"):
         cmd += [f"--{key}", str(getattr(args, key))]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -525,7 +530,8 @@ def markdown(args, results, limits, environment):
     if limits:
         gemms = ", ".join(f"{CASES[n][1].split(', ')[1]} {g:.0f}"
                           for n, g in limits["gemm_gflops"].items())
-        lines.append(f"fp32 limit: the fastest GEMM (best round, GFLOP/s: {gemms}); "
+        lines.append(f"fp32 limit: the fastest GEMM (n={args.gemm_n}, best round, GFLOP/s: "
+                     f"{gemms}); "
                      f"{limits['forward_gflop_per_image']:.2f} GFLOP per image forward -> "
                      f"{limits['infer']:.1f} img/s inference, {limits['train']:.1f} img/s "
                      f"training (3x forward).")

@@ -20,7 +20,8 @@ CASES = ["ms_train_step", "ms_train_loop", "ms_infer_mindir", "ort_infer", "torc
 def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path):
     result = run_entry("benchmarks/cpu_benchmark.py", "--net_name", "resnet18", "--batch_size",
                        "2", "--image_size", "32", "--class_num", "10", "--rounds", "1",
-                       "--steps", "1", "--loop_steps", "1", "--threads", "1", "--data_path",
+                       "--steps", "1", "--loop_steps", "1", "--threads", "1", "--gemm_n",
+                       "256", "--data_path",
                        cifar_small["train"],
                        "--cases", ",".join(CASES), "--output_dir", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -39,6 +40,9 @@ def test_harness_measures_every_case_and_writes_the_report(cifar_small, tmp_path
     assert rows["ours: ONNX (BN folded) in ONNX Runtime"].count("x |") == 1
     assert "x |" not in rows["PyTorch NCHW"]
     assert "Data pipeline alone:" in table and "fp32 limit" in table
+    # a small GEMM (the case, not the machine), reaching the worker
+    assert "the fastest GEMM (n=256, " in table
+    assert record["runs"]["gemm_ort"][0]["units_per_call"] == 2 * 256 ** 3
     assert "widest ISA" in table.splitlines()[0]  # the ratios to PyTorch depend on it
     # a saved run is reported again, identically, without measuring
     again = run_entry("benchmarks/cpu_benchmark.py", "--from_json",

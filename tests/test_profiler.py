@@ -239,12 +239,14 @@ def test_parse_profile_steps_rejects(value):
 @pytest.mark.slow
 def test_train_py_profile_steps_end_to_end(cifar_small, tmp_path):
     """train.py --profile_steps 2,3 (its main, in this process) writes the profiler's files
-    under output_dir/profiler and logs the operator table; training ends normally."""
+    under output_dir/profiler and logs the operator table; training ends normally. (No
+    evaluation at the epoch's end: it compiles a graph of its own, and nothing here reads it.)"""
     from tests.helpers import run_in_process
     out = tmp_path / "run"
     result = run_in_process("train.py", "--config_path", "configs/quick_start.yaml",
                             "--data_path", cifar_small["train"], "--batch_size", "16",
-                            "--epoch_size", "1", "--profile_steps", "2,3", "--output_dir", out)
+                            "--epoch_size", "1", "--profile_steps", "2,3", "--run_eval",
+                            "false", "--output_dir", out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert glob.glob(str(out / "profiler" / "*" / "FRAMEWORK" / "cpu_op_type_info_*.csv"))
     assert "Conv2D" in result.stdout and "profiled steps 2..3" in result.stdout

@@ -6,6 +6,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
 import pytest
+from mindspore.common.initializer import initializer
 from mindspore.nn.utils import no_init_parameters
 
 from src.deploy.inference import preprocess_images
@@ -38,6 +39,20 @@ def structure(*args, **kwargs):
         return create_network(*args, **kwargs)
 
 
+def runnable(*args, **kwargs):
+    """``structure(*args, **kwargs)`` made runnable: convolution and fc weights zero (no random
+    draw: the largest cost of building a deep network), every other parameter (BatchNorm's,
+    fc's bias) initialized as built. For the checks of output and feature-map shapes, which
+    read no value."""
+    net = structure(*args, **kwargs)
+    for param in net.get_parameters():
+        if param.name.endswith(".weight"):
+            param.set_data(initializer("zeros", param.shape, param.dtype))
+        else:
+            param.init_data()
+    return net
+
+
 @pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
 def test_parameter_count_equals_torchvision(name):
     assert count(structure(name)) == TORCHVISION_PARAMS[name]
@@ -45,7 +60,7 @@ def test_parameter_count_equals_torchvision(name):
 
 @pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
 def test_output_shape_every_depth(name):
-    net = create_network(name, class_num=7)
+    net = runnable(name, class_num=7)
     net.set_train(False)
     out = net(ms.Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)), ms.float32))
     assert out.shape == (2, 7) and out.dtype == ms.float32
@@ -76,7 +91,7 @@ def test_stride_sits_on_the_3x3_conv_v1_5():
 
 
 def test_feature_map_sizes_match_torch():
-    net = create_network("resnet50")
+    net = runnable("resnet50")
     net.set_train(False)
     x = ms.Tensor(np.zeros((1, 3, 224, 224), np.float32))
     x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
@@ -139,7 +154,7 @@ def test_maxpool_equals_torch_forward_and_gradient(relu):
     x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
     if relu:
         x = np.maximum(x, 0)
-    pool = create_network("resnet18").maxpool
+    pool = structure("resnet18").maxpool  # no parameters of its own
     ref, ref_grad = torch_max_pool(x)
     np.testing.assert_array_equal(pool(ms.Tensor(x)).asnumpy(), ref)
     np.testing.assert_array_equal(max_pool_grad(pool, x), ref_grad)
@@ -191,7 +206,7 @@ def test_pool_forms_equal_after_relu_on_real_images():
     net.set_train(False)
     stem = net.bn1(net.conv1(images))  # pre-ReLU, (4, 64, 112, 112)
     relu = ops.ReLU()
-    torch_form, ascend_form = create_network("resnet18", 10).maxpool, MaxPoolPad1()
+    torch_form, ascend_form = structure("resnet18", 10).maxpool, MaxPoolPad1()
     out = torch_form(relu(stem)).asnumpy()
     assert out.shape == (4, 64, 56, 56) and (out == 0).any()  # all-zero windows exist
     np.testing.assert_array_equal(ascend_form(relu(stem)).asnumpy(), out)
