@@ -75,14 +75,19 @@ def ema_run(tmp_path_factory):
 @pytest.mark.slow
 def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tmp_path):
     out, last = ema_run
-    assert {"top1", "top5", "ema_top1", "ema_top5"} <= set(last)
+    assert {"top1", "top5", "ema_top1", "ema_top5", "eval_loss", "ema_eval_loss"} <= set(last)
+    # the two weight sets score apart (top-1 alone may tie on 26 images); eval.py at batch 13
+    # (26 = 2 x 13): its mean of batch means is then the per-image mean training reports
+    assert abs(last["ema_eval_loss"] - last["eval_loss"]) > 1e-3, last
     ckpt = str(out / "resnet18-2_6.ckpt")
-    for use_ema, key in (("true", "ema_top1"), ("false", "top1")):
+    for use_ema, key, loss in (("true", "ema_top1", "ema_eval_loss"),
+                               ("false", "top1", "eval_loss")):
         result = succeeded(run_in_process(
-            "eval.py", "--config_path", EMA_CONFIG, *SMALL,
+            "eval.py", "--config_path", EMA_CONFIG, *SMALL, "--batch_size", "13",
             "--checkpoint_path", ckpt, "--use_ema", use_ema, "--output_dir", tmp_path / use_ema))
         report = json.load(open(tmp_path / use_ema / "eval_result.json"))
         assert report["top1"] == pytest.approx(last[key], abs=1e-9), (use_ema, last)
+        assert report["loss"] == pytest.approx(last[loss], rel=1e-5), (use_ema, report, last)
         assert ("its EMA weights" in result.stdout) == (use_ema == "true")
 
 
