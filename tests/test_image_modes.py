@@ -78,7 +78,7 @@ def pixel_limit():
 
 
 def test_an_image_above_max_image_pixels_is_named_by_the_check_and_predict(tmp_path,
-                                                                          pixel_limit):
+                                                                          pixel_limit, recwarn):
     for cls in ("a", "b"):
         (tmp_path / cls).mkdir()
         picture().save(tmp_path / cls / "small.png")
@@ -92,6 +92,8 @@ def test_an_image_above_max_image_pixels_is_named_by_the_check_and_predict(tmp_p
         preprocess_images([str(tmp_path / "b" / "large.png")], 32, 32)
     pixel_limit(5000)
     assert check_image_folder(str(tmp_path)) == ["a", "b"]
+    # the error says it: no Pillow warning printed beside it (recwarn records every warning)
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
 
 
 def test_an_image_far_above_the_limit_is_named_not_a_traceback(tmp_path, pixel_limit):

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import warnings
 
 from PIL import Image
 
@@ -44,12 +45,15 @@ def set_max_image_pixels(limit):
     """The one pixel-count limit of every entry point (key ``max_image_pixels``): Pillow's own
     (``PIL.Image.MAX_IMAGE_PIXELS``, which its ``Image.open`` consults), read by the image
     check, the eval decoder and predict alike; an image above it is an error naming the file
-    and the limit. Set once at start-up, before any image is opened.
+    and the limit. Set once at start-up, before any image is opened. Pillow's
+    ``DecompressionBombWarning`` (an image between the limit and twice it) is silenced: that
+    error says it instead, in one line.
 
     Args:
         limit (int): Width x height of the largest image accepted.
     """
     Image.MAX_IMAGE_PIXELS = int(limit)
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 def too_many_pixels(image):
