@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from filelock import FileLock
@@ -128,18 +129,37 @@ def train_quick_start(out):
     return {"out": out, "ckpt": max(steps, key=steps.get)}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quick_start_started(request, tmp_path_factory):
+    """``quick_start``'s training, started in a background thread at the worker's first test
+    when a selected test uses it: it trains beside the tests that come first instead of
+    keeping a worker idle, waiting for it, when the first test that needs it comes (the
+    suite is CPU-bound). The worker that does not build it waits for it in that thread.
+    Yields a Future of ``quick_start``'s dict, or None when no selected test uses it; ends once
+    the training has."""
+    if not any("quick_start" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(shared_between_workers, tmp_path_factory, "quick_start",
+                          train_quick_start)
+
+
 @pytest.fixture(scope="session")
-def quick_start(tmp_path_factory):
+def quick_start(quick_start_started, tmp_path_factory):
     """The quick start's training run: train.py with ``configs/quick_start.yaml`` (ResNet-18,
     8 epochs on the shipped CIFAR-10 sample), as ``scripts/run_quick_start.sh`` runs it, into
-    a temporary folder, once per session (``shared_between_workers``). Trained weights for
-    the tests that need a network above chance; tests read its files and write elsewhere.
+    a temporary folder, once per session (``shared_between_workers``; started early by
+    ``quick_start_started``). Trained weights for the tests that need a network above chance;
+    tests read its files and write elsewhere.
 
     Returns:
         dict: ``out`` (the output folder) and ``ckpt`` (its newest checkpoint, the one the
         quick start script evaluates).
     """
-    return shared_between_workers(tmp_path_factory, "quick_start", train_quick_start)
+    if quick_start_started is None:  # asked for by name only (getfixturevalue)
+        return shared_between_workers(tmp_path_factory, "quick_start", train_quick_start)
+    return quick_start_started.result()
 
 
 @pytest.fixture(scope="session")
