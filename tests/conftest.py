@@ -140,6 +140,10 @@ def quick_start_started(request, tmp_path_factory):
     if not any("quick_start" in item.fixturenames for item in request.session.items):
         yield None
         return
+    # made here, before the thread: pytest makes the worker's temporary root on its first
+    # call, deleting what stands there, so a second first call (the thread's beside the
+    # tests') would delete the folders the tests had made in it
+    tmp_path_factory.getbasetemp()
     with ThreadPoolExecutor(max_workers=1) as pool:
         yield pool.submit(shared_between_workers, tmp_path_factory, "quick_start",
                           train_quick_start)
