@@ -3,6 +3,7 @@ copying their weights into ours through the converter."""
 import mindspore as ms
 import numpy as np
 import torch
+from mindspore.nn.utils import no_init_parameters
 
 from src.models.resnet import create_network
 from src.utils.checkpoint import DROP_PATH_STEP
@@ -13,8 +14,9 @@ from tools.convert_torch_checkpoint import torch_state_to_ms_arrays
 def reference_pair(net_name, class_num, seed=0, calibrate_on=None):
     """A torch reference network with random weights and non-trivial BatchNorm state
     (gamma, beta, running mean and variance away from 1/0; with ``calibrate_on`` images, the
-    running statistics of those images), and ours holding the same weights via the converter.
-    Returns (torch_net, ms_net)."""
+    running statistics of those images), and ours holding the same weights via the converter
+    (built without drawing its weights: the strict load replaces every one, and raises if one
+    is left). Returns (torch_net, ms_net)."""
     torch.manual_seed(seed)
     tnet = torch_resnet(net_name, class_num)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -28,7 +30,8 @@ def reference_pair(net_name, class_num, seed=0, calibrate_on=None):
                 module.running_var.copy_(torch.rand(n, generator=gen) * 0.6 + 0.7)
     if calibrate_on is not None:
         calibrate_bn(tnet, calibrate_on)
-    net = create_network(net_name, class_num)
+    with no_init_parameters():
+        net = create_network(net_name, class_num)
     load_torch_weights(net, tnet)
     return tnet, net
 

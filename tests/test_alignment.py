@@ -18,7 +18,6 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from mindspore.nn.utils import no_init_parameters
 from PIL import Image
 
 from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -49,18 +48,6 @@ def torch_on_one_thread():
     torch.set_num_threads(threads)
 
 
-def loaded_pair(net_name, class_num, seed=0):
-    """``reference_pair(net_name, class_num, seed)`` with our network's weights not drawn
-    when it is built: the strict load from the torch network that follows replaces every one
-    (and raises if one is left).
-
-    Returns:
-        tuple: (torch network, our network).
-    """
-    with no_init_parameters():
-        return reference_pair(net_name, class_num, seed=seed)
-
-
 def imagenet_paths(count, step):
     """``count`` of the shipped ImageNet JPEGs, every ``step``-th class folder from the first.
 
@@ -76,7 +63,7 @@ def imagenet_paths(count, step):
 
 @pytest.mark.slow
 def test_eval_logits_equal_at_224():
-    tnet, net = loaded_pair("resnet50", 1000)
+    tnet, net = reference_pair("resnet50", 1000)
     images = preprocess_images(imagenet_paths(4, step=6), 224, 256)
     tnet.eval()
     net.set_train(False)
@@ -101,7 +88,7 @@ def torch_sgd(tnet, lr):
 
 
 def test_weight_decay_groups_match_torch_grouping():
-    tnet, net = loaded_pair("resnet18", 10)
+    tnet, net = reference_pair("resnet18", 10)
     decay, no_decay = split_weight_decay(net.trainable_params())
     to_torch = ms_to_torch_names([p.name for p in net.trainable_params()])
     torch_decay = {n for n, p in tnet.named_parameters() if n.endswith("weight") and p.dim() > 1}
@@ -167,9 +154,9 @@ def global_rel_l2(ours, ref, keys):
 
 @pytest.fixture(scope="module")
 def resnet50_pair():
-    """``loaded_pair("resnet50", 10, seed=3)``, built once for the two one-step tests (each
+    """``reference_pair("resnet50", 10, seed=3)``, built once for the two one-step tests (each
     step works on copies of the torch network and reloads ours from it)."""
-    return loaded_pair("resnet50", 10, seed=3)
+    return reference_pair("resnet50", 10, seed=3)
 
 
 def step_against_torch(step_batch, pair, train):
@@ -256,7 +243,7 @@ def test_momentum_steps_equal_torch_sgd():
     momentum 0.875, weight decay 1/32768 on conv/fc weights only, as torch.optim.SGD.
     Gradients are small (1e-3) so that weight decay is 0.1-1% of each update, and the
     updates are compared: a missing or misplaced weight decay fails by 100x the tolerance."""
-    tnet, net = loaded_pair("resnet18", 10)
+    tnet, net = reference_pair("resnet18", 10)
     to_torch = ms_to_torch_names([p.name for p in net.trainable_params()])
     lrs = np.array([0.5, 2.0, 1.0], np.float32)
     optimizer = create_optimizer(net, lrs, MOMENTUM, WEIGHT_DECAY)

@@ -10,20 +10,16 @@ from mindspore.nn.utils import no_init_parameters
 from src.deploy.inference import preprocess_images
 from src.models.bn_fold import fold_batchnorm, folded_conv
 from src.models.resnet import create_network
-from tests.alignment_utils import load_torch_weights, max_rel_diff
+from tests.alignment_utils import load_torch_weights, max_rel_diff, reference_pair
 from tests.helpers import slow_beyond
-from tests.test_alignment import (  # noqa: F401 (torch_on_one_thread: autouse)
-    imagenet_paths,
-    loaded_pair,
-    torch_on_one_thread,
-)
+from tests.test_alignment import imagenet_paths, torch_on_one_thread  # noqa: F401 (autouse)
 
 BN_COUNT = {"resnet18": 20, "resnet50": 53}  # stem + 2 or 3 per block + one per downsample
 
 
 @pytest.mark.parametrize("net_name", slow_beyond(["resnet18", "resnet50"], ("resnet18",)))
 def test_folded_network_gives_the_same_logits(net_name):
-    tnet, net = loaded_pair(net_name, 1000, seed=3)  # gamma, beta, mean, var all non-trivial
+    tnet, net = reference_pair(net_name, 1000, seed=3)  # gamma, beta, mean, var all non-trivial
     images = preprocess_images(imagenet_paths(4, step=7), 224, 256)
     net.set_train(False)
     before = net(ms.Tensor(images)).asnumpy()
