@@ -34,8 +34,13 @@ def python_first_env():
 
     ``MS_NODE_TIMEOUT`` 10 s: when a worker exits with a non-zero status, msrun kills the
     others at once, and one killed before it unregistered keeps MindSpore's scheduler (and so
-    the launch) waiting for its heartbeat time-out, 30 s by default, after every stop."""
-    return dict(os.environ, MS_NODE_TIMEOUT="10",
+    the launch) waiting for its heartbeat time-out, 30 s by default, after every stop.
+
+    ``MS_CPU_COMM_OP_TIMEOUT`` 120 s: without it, ``MS_NODE_TIMEOUT`` is also how long a rank's
+    CPU all-reduce waits for its peer, and a rank whose graph compiled more than 10 s after the
+    other's (the other worker's tests loading the cores) failed its first all-reduce ("Ring
+    ReduceScatter wait receiving ... failed"), seen once in a full run."""
+    return dict(os.environ, MS_NODE_TIMEOUT="10", MS_CPU_COMM_OP_TIMEOUT="120",
                 PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
 
 
