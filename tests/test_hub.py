@@ -68,6 +68,10 @@ def at_sides(pretrained_cfg, train, test):
 # settings would give 48 and 54); A1_CFG's: 80 px, no crop (64 and 67)
 TV2_SMALL = at_sides(TV2_CFG, 48, 64)
 A1_SMALL = at_sides(A1_CFG, 64, 80)
+# resnet18.tv_in1k's config on small images: TV2_CFG's filter and crop_pct, input 64, no test
+# sizes (timm then evaluates at input_size and crop_pct)
+TV_SMALL = dict({k: v for k, v in TV2_CFG.items() if not k.startswith("test_")},
+                input_size=[3, 64, 64])
 
 
 def timm_eval_tensor(path, size, crop_pct, interpolation):
@@ -193,9 +197,7 @@ def hub_cache(tmp_path_factory, r18_pair):
     config.json names it)."""
     root = tmp_path_factory.mktemp("hub")
     cache = root / "cache"
-    tv = {k: v for k, v in TV2_CFG.items() if not k.startswith("test_")}
-    tv["input_size"] = [3, 64, 64]
-    folders = {"timm/resnet18.tv_in1k": (tv, None),
+    folders = {"timm/resnet18.tv_in1k": (TV_SMALL, None),
                "timm/resnet18.a1_in1k": (A1_SMALL, [f"label {i}" for i in range(1000)])}
     for repo_id, (pcfg, labels) in folders.items():
         folder = write_weights_folder(str(root / repo_id.replace("/", "_")), r18_pair,
@@ -356,8 +358,8 @@ def test_predict_from_hub_cache_offline(tmp_path, hub_cache, r18_pair, repo):
             for line in result.stdout.splitlines() if line.startswith("{")}
     rows = {os.path.join(IMAGENET_SMALL, image): top for image, top in rows.items()}
     assert sorted(rows) == sorted(paths)
-    pcfg = A1_SMALL if "a1" in repo else dict(TV2_CFG, test_input_size=[3, 64, 64],
-                                              test_crop_pct=0.875)
+    pcfg = A1_SMALL if "a1" in repo else dict(TV_SMALL, test_input_size=TV_SMALL["input_size"],
+                                              test_crop_pct=TV_SMALL["crop_pct"])
     logits = torch_logits(r18_pair, paths, pcfg)
     probs = np.exp(logits - logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)

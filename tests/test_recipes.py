@@ -23,7 +23,7 @@ EMA_CONFIG = os.path.join("configs", EMA_RECIPE)
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, expected", [
     ("resnet50_rsb_a3.yaml", "optimizer lamb, loss bce"),
-    ("resnet50_torchvision_v2.yaml", "optimizer momentum, loss ce, weight EMA decay 0.99996585"),
+    (EMA_RECIPE, "optimizer momentum, loss ce, weight EMA decay 0.99996585"),
     ("resnet50_lars_large_batch.yaml", "optimizer lars, loss ce"),
 ])
 def test_imagenet_recipe_trains(recipe, expected, tmp_path, request):
