@@ -208,3 +208,10 @@ def test_one_value_per_channel_in_a_training_batchnorm_is_refused():
                                      "--batch_size", "2"]))
     check_train_config(parse_config(["--config_path", "configs/quick_start.yaml",
                                      "--batch_size", "1", "--train_image_size", "64"]))
+
+
+def test_trainable_layers_limit_is_the_networks_stage_count():
+    # the config check (src.utils) cannot import src.models: the two constants must agree
+    from src.models.freeze import MAX_TRAINABLE_LAYERS as stages
+    from src.utils.limits import MAX_TRAINABLE_LAYERS
+    assert MAX_TRAINABLE_LAYERS == stages

@@ -22,6 +22,7 @@ if ROOT not in sys.path:
 from src.utils.cli import run_entry_point  # noqa: E402
 from src.utils.config import (  # noqa: E402
     DEFAULT_CONFIG,
+    INT_RANGES,
     NON_NEGATIVE,
     POSITIVE,
     UNIT_INTERVAL,
@@ -30,6 +31,7 @@ from src.utils.config import (  # noqa: E402
     read_sections,
 )
 from src.utils.files import plain_file_mode  # noqa: E402
+from src.utils.limits import FLOAT32_MAX, INT32_MAX  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "configuration.md")
 CODE_RANGES = {"scale_factor": "> 1", "randaugment_num_ops": "from 0 to 3",
@@ -47,7 +49,9 @@ This page is the reference of every configuration key: its default, meaning and 
 It is generated from [`config.yaml`](../config.yaml) by `python tools/gen_config_docs.py`; do not
 edit it by hand."""
 
-USAGE = """\
+FLOAT32_TXT = f"{FLOAT32_MAX:.2g}".replace("e+", "e")  # 3.4e38
+
+USAGE = f"""\
 ## Setting values
 
 The defaults, in [`config.yaml`](../config.yaml), are the ResNet-50 v1.5 ImageNet recipe of
@@ -63,7 +67,7 @@ it reads, grouped by the sections below, with meaning and default; the other key
 An unknown key, a value of the wrong type or out of range (checked in one place, `check_values` in
 [`src/utils/config.py`](../src/utils/config.py)), in a file or on the command line, stops with an
 error that names it (`1e-4` in YAML is accepted for a float key). Every integer is at most
-2147483647 and every number at most 3.4e38 in magnitude (MindSpore's int32 and float32); the
+{INT32_MAX} and every number at most {FLOAT32_TXT} in magnitude (MindSpore's int32 and float32); the
 "accepts" column gives the keys bounded lower.
 
 A recipe file is one YAML document, each key once: a second document (`---`) or a key given
@@ -76,8 +80,9 @@ documents, the help texts and choices, are not read), and so is a run's written
 A new key goes into `config.yaml` only: its default in the first YAML document, under the
 `# ---- section ----` comment of its section (the default's type is the key's type), its meaning
 in the second document, its allowed values in the third if it has a closed set. Range checks go in
-`check_values`. Then regenerate this page with `python tools/gen_config_docs.py`; a test fails
-while the page is out of date (`python tools/gen_config_docs.py --check` tells the same)."""
+`check_values`, their limits in [`src/utils/limits.py`](../src/utils/limits.py). Then regenerate
+this page with `python tools/gen_config_docs.py`; a test fails while the page is out of date
+(`python tools/gen_config_docs.py --check` tells the same)."""
 
 KEYS_INTRO = """\
 ## Keys
@@ -124,6 +129,8 @@ def accepted_values(key, default, choices):
     if key == "seed":
         return f"{kind} from 0 to {UPPER_BOUNDS[key][0]}"
     bound = f", at most {UPPER_BOUNDS[key][0]}" if key in UPPER_BOUNDS else ""
+    if key in INT_RANGES:
+        return f"{kind} from {INT_RANGES[key][0]} to {INT_RANGES[key][1]}{bound}"
     if key in CODE_RANGES:
         return f"{kind} {CODE_RANGES[key]}{bound}"
     if key in UNIT_INTERVAL:

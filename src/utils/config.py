@@ -21,6 +21,17 @@ import re
 import yaml
 
 from src.utils.errors import UserError
+from src.utils.limits import (
+    AUG_REPEATS_MAX,
+    BATCH_SIZE_MAX,
+    CLASS_NUM_MAX,
+    DEVICE_ID_MAX,
+    FLOAT32_MAX,
+    IMAGE_SIDE_MAX,
+    INT32_MAX,
+    MAX_TRAINABLE_LAYERS,
+    SEED_MAX,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = os.path.join(ROOT, "config.yaml")
@@ -44,23 +55,25 @@ UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_p
                  "max_overflow_fraction": "[0, 1]", "layer_decay": "(0, 1]",
                  "val_split": "[0, 1)", "drop_path_rate": "[0, 1)"}
 """Keys whose value must lie in the given interval of [0, 1]."""
-INT32_MAX = 2 ** 31 - 1
-FLOAT32_MAX = 3.4028234663852886e+38
 UPPER_BOUNDS = {
     "epoch_size": (INT32_MAX, "MindSpore's optimizer step counter is int32"),
-    "seed": (2 ** 32 - 1, "MindSpore's seed range"),
-    "device_id": (4095, "MindSpore's device_id range"),
-    "class_num": (2 ** 20, "the ResNet-50 classifier alone is then 8 GiB"),
-    "batch_size": (2 ** 16, "per device"),
-    "train_image_size": (4096, "pixels per side"),
-    "eval_image_size": (4096, "pixels per side"),
-    "eval_resize": (4096, "pixels per side"),
-    "aug_repeats": (64, "copies of each image drawn; an epoch sees 1/aug_repeats of the images, "
-                        "published recipes use 3 (DeiT) and 4 (torchvision)"),
+    "seed": (SEED_MAX, "MindSpore's seed range"),
+    "device_id": (DEVICE_ID_MAX, "MindSpore's device_id range"),
+    "class_num": (CLASS_NUM_MAX, "the ResNet-50 classifier alone is then 8 GiB"),
+    "batch_size": (BATCH_SIZE_MAX, "per device"),
+    "train_image_size": (IMAGE_SIDE_MAX, "pixels per side"),
+    "eval_image_size": (IMAGE_SIDE_MAX, "pixels per side"),
+    "eval_resize": (IMAGE_SIDE_MAX, "pixels per side"),
+    "aug_repeats": (AUG_REPEATS_MAX, "copies of each image drawn; an epoch sees 1/aug_repeats of "
+                                     "the images, published recipes use 3 (DeiT) and 4 "
+                                     "(torchvision)"),
 }
 """Keys with an upper bound of their own: key -> (bound, why). Every other integer (list items
 included) is at most ``INT32_MAX`` (MindSpore's counters and op attributes are int32), every
 float at most ``FLOAT32_MAX`` in magnitude (values reach the network as float32)."""
+INT_RANGES = {"trainable_layers": (0, MAX_TRAINABLE_LAYERS,
+                                  f" (0 = only fc, {MAX_TRAINABLE_LAYERS} = every layer)")}
+"""Integer keys checked to lie in low..high: key -> (low, high, note for the error)."""
 RECIPE_IGNORED = ("config_path",)
 """Keys a recipe file may hold that are not config keys: a run's written config.yaml records
 the recipe it was resolved from as ``config_path``."""
@@ -408,9 +421,9 @@ def check_values(cfg):
             raise ConfigError(f"{key} must be in {interval}, got {cfg[key]}")
     if cfg.scale_factor <= 1:
         raise ConfigError(f"scale_factor must be > 1, got {cfg.scale_factor}")
-    if not 0 <= cfg.trainable_layers <= 5:
-        raise ConfigError(f"trainable_layers must be in 0..5 (0 = only fc, 5 = every layer), "
-                          f"got {cfg.trainable_layers}")
+    for key, (low, high, note) in INT_RANGES.items():
+        if not low <= cfg[key] <= high:
+            raise ConfigError(f"{key} must be in {low}..{high}{note}, got {cfg[key]}")
     if not 0 <= cfg.randaugment_num_ops <= 3:
         raise ConfigError(f"randaugment_num_ops must be in 0..3, got {cfg.randaugment_num_ops}")
     if not 0 <= cfg.randaugment_magnitude <= 30:
