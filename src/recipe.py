@@ -490,8 +490,9 @@ def run_split(cfg, continues_here, write):
         ConfigError: If the split changed, unless ``resume_ignore_config``.
     """
     val_split = held_out(cfg) if cfg.dataset == "imagefolder" else 0.0
-    return checked_split(cfg.data_path, val_split, cfg.seed, cfg.output_dir,
-                         write and continues_here, cfg.resume_ignore_config)
+    return checked_split(cfg.data_path, val_split, cfg.seed, output_dir=cfg.output_dir,
+                         compare=write and continues_here,
+                         allow_change=cfg.resume_ignore_config)
 
 
 def record_run_images(cfg, continues_here, class_names, write, log, checked=None):

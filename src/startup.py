@@ -1,12 +1,6 @@
-"""Signals during start-up, before an entry point installs its own handlers.
-
-Importing this module has one side effect, by design: SIGINT and SIGTERM print one line
-naming the signal and the entry point, then exit with 128 + the signal number. Without it, a
-SIGTERM while MindSpore loads (seconds) ends the process with status 143 and no word, and
-Ctrl-C prints a ``KeyboardInterrupt`` traceback from inside some import. The entry points
-import it right after ``src.env``; ``train.py`` replaces the handlers with ``StopSignals``
-(save and stop), the others keep them. Nothing has been written when they fire during
-start-up.
+"""Signals during start-up: SIGINT and SIGTERM print ``<script>: stopped by <SIGNAL>`` and exit
+with 128 + the signal number (importing it installs this, by design; ``train.py`` later installs
+``StopSignals``). See docs/reliability.md#signals-during-start-up.
 """
 import os
 import signal
@@ -21,7 +15,7 @@ def _exit_on_signal(signum, frame):
     os._exit(128 + signum)
 
 
-def catch_stop_signals():
+def catch_stop_signals() -> None:
     """Install the one-line exit for SIGINT and SIGTERM (importing the module already did)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _exit_on_signal)

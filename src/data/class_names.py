@@ -13,14 +13,11 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 CLASS_NAMES_FILE = "class_names.txt"
 
 
-def read_class_names(path):
-    """Read class names in label order.
-
-    Lines are either a bare name or tab-separated ``index, wnid, name`` (the ImageNet list
-    shipped in ``data/imagenet_classes.tsv``, where the last column is used).
+def read_class_names(path: str) -> list[str]:
+    """Class names in label order: a name a line, or ``index<TAB>wnid<TAB>name`` lines.
 
     Raises:
-        FileNotFoundError: If ``path`` does not exist.
+        MissingFileError: If ``path`` does not exist.
     """
     if not os.path.isfile(path):
         raise MissingFileError(f"class names file not found: {path}")
@@ -30,12 +27,8 @@ def read_class_names(path):
     return [row[-1] for row in rows if len(row) == 1 or row[0].strip().isdigit()]
 
 
-def write_class_names(path, names):
-    """Write one class name per line, in label order, atomically.
-
-    Raises:
-        WriteError: If the file cannot be written (names it).
-    """
+def write_class_names(path: str, names: list[str]) -> None:
+    """Write one class name per line, atomically; raises WriteError naming the file."""
     atomic_write_text(path, "".join(f"{name}\n" for name in names))
 
 
@@ -43,17 +36,10 @@ class ClassNamesError(UserError, ValueError):
     """A class-names list does not have one name per class of the model."""
 
 
-def model_class_names(checkpoint_path, class_num, class_names_path=""):
-    """The class names of a model, in label order: ``class_names_path`` if given, else the
-    ``label_names`` of Hub weights' ``config.json``, else ``default_class_names_path``.
-
-    Args:
-        checkpoint_path (str): The model (a file, or Hub weights: ``src.utils.hub``).
-        class_num (int): The model's class count.
-        class_names_path (str): A names file (``read_class_names``), or empty.
-
-    Returns:
-        list[str] or None: None when no names are known.
+def model_class_names(checkpoint_path: str, class_num: int,
+                      class_names_path: str = "") -> list[str] | None:
+    """A model's class names: ``class_names_path`` if given, else Hub weights' ``label_names``,
+    else ``default_class_names_path``; None when none is known.
 
     Raises:
         ClassNamesError: If the names found are not ``class_num`` (names the source).
@@ -74,9 +60,8 @@ def model_class_names(checkpoint_path, class_num, class_names_path=""):
     return names
 
 
-def default_class_names_path(checkpoint_path, class_num):
-    """Where predict looks when no ``class_names_path`` is given: ``class_names.txt`` beside
-    the checkpoint (written by train.py; in it, for a weights folder), else the ImageNet list
+def default_class_names_path(checkpoint_path: str, class_num: int) -> str | None:
+    """``class_names.txt`` beside the checkpoint (in it, for a folder), else the ImageNet list
     at 1000 classes, else None."""
     folder = checkpoint_path if os.path.isdir(checkpoint_path) else os.path.dirname(
         os.path.abspath(checkpoint_path))

@@ -1,15 +1,6 @@
-"""Checking a class-folder dataset before MindSpore reads it.
-
-MindSpore's decoders stop the pipeline on a corrupt file with a C++ error, and a truncated
-JPEG crashes the OpenCV decode of the training pipeline with SIGFPE (no message at all:
-measured with MindSpore 2.10 on CPU). So every file is checked here first: a JPEG (nearly
-all of ImageNet) cheaply, by its headers (a frame of a common kind and a non-zero size) and
-an end-of-image marker after its first scan (searched in the last 4 KB, as some files carry
-trailing data), and only decoded when that fails, to confirm; a PNG, BMP or any other file is
-verified and decoded with Pillow (its chunk checksums and pixel data: a truncated PNG or BMP
-fails) and must be in a format MindSpore's decoder reads (a WebP or GIF named ``.jpg`` opens
-in Pillow but not there). About a minute per million JPEGs on a local disk; a
-folder of more than ``PROGRESS_MIN_FILES`` files shows progress while it is checked.
+"""Checking a class-folder dataset before MindSpore reads it (MindSpore stops on a corrupt file
+with a C++ error or SIGFPE): a JPEG by its headers and end marker, decoded only when they fail,
+any other file decoded with Pillow. See docs/data.md#image-checks.
 """
 import collections
 import contextlib
@@ -17,6 +8,7 @@ import logging
 import os
 import re
 import warnings
+from collections.abc import Callable, Iterator
 
 from PIL import Image
 
@@ -41,32 +33,24 @@ class ImageFolderError(UserError, ValueError):
     the files."""
 
 
-def set_max_image_pixels(limit):
-    """The one pixel-count limit of every entry point (key ``max_image_pixels``): Pillow's own
-    (``PIL.Image.MAX_IMAGE_PIXELS``, which its ``Image.open`` consults), read by the image
-    check, the eval decoder and predict alike; an image above it is an error naming the file
-    and the limit. Set once at start-up, before any image is opened. Pillow's
-    ``DecompressionBombWarning`` (an image between the limit and twice it) is silenced: that
-    error says it instead, in one line.
-
-    Args:
-        limit (int): Width x height of the largest image accepted.
-    """
+def set_max_image_pixels(limit: int) -> None:
+    """Set ``max_image_pixels`` (width x height) as Pillow's ``Image.MAX_IMAGE_PIXELS``, the one
+    limit of the image check, eval and predict, and silence ``DecompressionBombWarning`` (the
+    checks' error says it); at start-up, before any image is opened."""
     Image.MAX_IMAGE_PIXELS = int(limit)
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
-def too_many_pixels(image):
+def too_many_pixels(image: Image.Image) -> str | None:
     """``"W x H"`` of an opened (lazy) Pillow image above the limit, else None."""
     width, height = image.size
     limit = Image.MAX_IMAGE_PIXELS
     return f"{width} x {height}" if limit and width * height > limit else None
 
 
-def oversized(path):
-    """``"W x H"`` if the image at ``path`` has more pixels than the limit
-    (``set_max_image_pixels``), else None; reads the header only. Files Pillow cannot open
-    are left to the integrity check."""
+def oversized(path: str) -> str | None:
+    """``"W x H"`` if the image has more pixels than the limit, else None (also for files
+    Pillow cannot open); reads the header only."""
     try:
         with Image.open(path) as image:
             return too_many_pixels(image)
@@ -76,14 +60,12 @@ def oversized(path):
         return None
 
 
-def scan_entries(folder):
-    """Every entry of ``folder`` as a reader lists it, by name: ``folder``, ``file``, or what
-    else it is (``a link to a missing file``, ``not a regular file``), links followed.
+def scan_entries(folder: str) -> dict[str, str]:
+    """Name -> kind of every entry of ``folder``, links followed: ``folder``, ``file``, ``a link
+    to a missing file`` or ``not a regular file``.
 
     Raises:
-        ImageFolderError: If ``folder`` cannot be read (permission: names it and why), or
-            naming the entries whose links cannot be followed (a link to itself, a loop of
-            links: ``OSError`` ELOOP), instead of a traceback.
+        ImageFolderError: If ``folder`` cannot be read, or names links that cannot be followed.
     """
     kinds, unreadable = {}, []
     try:
@@ -103,13 +85,9 @@ def scan_entries(folder):
     return kinds
 
 
-def scan_folder(folder):
-    """The sub-folders and the other entries of ``folder`` (names, sorted), links followed
-    (``scan_entries``: files, and links to missing files, are listed as files).
-
-    Raises:
-        ImageFolderError: As ``scan_entries``.
-    """
+def scan_folder(folder: str) -> tuple[list[str], list[str]]:
+    """The sorted names of the sub-folders and of the other entries of ``folder``
+    (``scan_entries``; raises as it)."""
     kinds = scan_entries(folder)
     return (sorted(n for n, kind in kinds.items() if kind == "folder"),
             sorted(n for n, kind in kinds.items() if kind != "folder"))
@@ -118,21 +96,13 @@ def scan_folder(folder):
 Listing = collections.namedtuple("Listing", "images not_files skipped folders")
 
 
-def list_folder(folder, is_image=None):
-    """The one listing of a folder of images (a class folder, predict's folder), as MindSpore's
-    ImageFolderDataset lists it: every entry with an image name is read as an image, whatever
-    it is, and only the entries directly in the folder (it never reads sub-folders).
-
-    Args:
-        folder (str): The folder.
-        is_image (callable, optional): ``is_image(name)``; default ``is_image_name`` (the
-            reader's case-sensitive extensions).
+def list_folder(folder: str, is_image: Callable[[str], bool] | None = None) -> Listing:
+    """A folder of images as ImageFolderDataset lists it (entries directly in it, by name:
+    ``is_image``, default ``is_image_name``), each part sorted.
 
     Returns:
-        Listing: ``images`` (names of image files), ``not_files`` (``"PATH (a folder)"`` for
-        the entries with an image name that are no image file: a folder, a link to a missing
-        file), ``skipped`` (names of the other files) and ``folders`` (names of the other
-        sub-folders), each sorted.
+        Listing: ``images`` (image files), ``not_files`` (``"PATH (a folder)"`` for image
+        names that are no file), ``skipped`` (other files), ``folders`` (other sub-folders).
 
     Raises:
         ImageFolderError: As ``scan_entries``.
@@ -151,9 +121,8 @@ def list_folder(folder, is_image=None):
     return listing
 
 
-def nested_note(folders, is_image=None):
-    """``"N sub-folders ... (M images in them)"``: what the warning about skipped sub-folders
-    says; the images counted by name (``is_image``) in every folder below them."""
+def nested_note(folders: list[str], is_image: Callable[[str], bool] | None = None) -> str:
+    """``"N sub-folders holding M images"`` (by name, in every folder below them)."""
     is_image = is_image or is_image_name
     images = 0
     for top in folders:
@@ -163,9 +132,8 @@ def nested_note(folders, is_image=None):
             f"image{'s' if images != 1 else ''}")
 
 
-def is_image_name(name):
-    """Whether the reader takes this file: an image extension, all lower or all upper case
-    (``IMAGE_EXTENSIONS``; MindSpore's ImageFolderDataset matches them case-sensitively)."""
+def is_image_name(name: str) -> bool:
+    """Whether the reader takes this file: an ``IMAGE_EXTENSIONS`` extension (case-sensitive)."""
     return os.path.splitext(name)[1] in IMAGE_EXTENSIONS
 
 
@@ -176,11 +144,9 @@ _FRAME_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _NO_LENGTH = {0x01} | set(range(0xD0, 0xD8))  # TEM and RSTn stand alone
 
 
-def jpeg_headers(path):
-    """The frame of a JPEG file, from its marker segments up to the first scan (ITU-T T.81
-    B.2): ``(frame marker, height, width, components, offset after the scan header)``, or
-    None if the file is not a JPEG, a segment runs past the end of the file or there is no
-    frame before the scan. Reads the headers only.
+def jpeg_headers(path: str) -> tuple[int, int, int, int, int] | None:
+    """``(frame marker, height, width, components, offset after the scan header)`` from a JPEG's
+    marker segments (ITU-T T.81 B.2), or None if they do not parse to a frame before the scan.
 
     Raises:
         OSError: If the file cannot be read (permission).
@@ -215,13 +181,9 @@ def jpeg_headers(path):
             f.seek(start + length - 2)
 
 
-def jpeg_looks_complete(path):
-    """Cheap check of a JPEG: its headers parse (``jpeg_headers``), its frame is a common one
-    (``COMMON_FRAMES``) of at least 1 x 1 pixels with 1, 3 or 4 components, and an
-    end-of-image marker lies after the first scan's header in the file's last ``TAIL_BYTES``
-    bytes (an embedded thumbnail's end marker, before the scan, does not count; in the
-    entropy-coded data 0xFF is always followed by 0x00 or a restart code, so 0xFFD9 there is
-    the end).
+def jpeg_looks_complete(path: str) -> bool:
+    """Whether a JPEG has a common frame (``COMMON_FRAMES``, >= 1 x 1, 1/3/4 components) and an
+    end-of-image marker after its first scan header in its last ``TAIL_BYTES`` bytes.
 
     Raises:
         OSError: If the file cannot be read (permission).
@@ -244,11 +206,8 @@ def jpeg_looks_complete(path):
 DECODER_FORMATS = ("JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM")
 
 
-def decodes(path):
-    """Whether the file is in a format MindSpore's decoder reads (``DECODER_FORMATS``), Pillow
-    verifies it (structure and checksums: PNG chunk CRCs) and fully decodes it (all pixel data
-    present: a truncated PNG, BMP or JPEG fails). (Decoding with MindSpore itself would also
-    tell, but its decoder writes each file it rejects to ``./abnormal_image.*``.)"""
+def decodes(path: str) -> bool:
+    """Whether the file is in ``DECODER_FORMATS`` and Pillow verifies and fully decodes it."""
     try:
         with Image.open(path) as image:
             if image.format not in DECODER_FORMATS:
@@ -261,29 +220,21 @@ def decodes(path):
         return False
 
 
-def is_intact(path):
-    """Whether the pipeline's decoder can read an image file whole: a common JPEG by its
-    headers and end marker (``jpeg_looks_complete``), any other file (an unusual or
-    suspicious JPEG too) by decoding it (``decodes``)."""
+def is_intact(path: str) -> bool:
+    """Whether the decoder can read the file whole: ``jpeg_looks_complete`` or ``decodes``."""
     return jpeg_looks_complete(path) or decodes(path)
 
 
-def listing_text(text, paths):
+def listing_text(text: str, paths: list[str]) -> str:
     """``"TEXT: PATH, PATH ..."``: the first ``SHOWN`` of ``paths`` and, if more, their count."""
     shown = ", ".join(paths[:SHOWN])
     more = f" ... ({len(paths)} in all)" if len(paths) > SHOWN else ""
     return f"{text}: {shown}{more}"
 
 
-def broken_images(paths):
-    """The files among ``paths`` that cannot be read (permission), those above the pixel
-    limit (``oversized``) and those that fail ``is_intact``, in order; progress is shown for
-    more than ``PROGRESS_MIN_FILES`` files.
-
-    Returns:
-        tuple(list[str], list[str], list[str]): (unreadable as "path (reason)", too large as
-        "path (W x H)", broken paths).
-    """
+def broken_images(paths: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Of ``paths``: the unreadable (``"path (reason)"``), the oversized (``"path (W x H)"``)
+    and those failing ``is_intact``; progress shown above ``PROGRESS_MIN_FILES`` files."""
     unreadable, large, broken = [], [], []
     with Progress(len(paths), "image check", quiet=len(paths) <= PROGRESS_MIN_FILES) as progress:
         for path in paths:
@@ -299,31 +250,16 @@ def broken_images(paths):
     return unreadable, large, broken
 
 
-def check_image_folder(data_path, check_content=True):
-    """Check an ImageFolder root; return its class names in label order.
+def check_image_folder(data_path: str, check_content: bool = True) -> list[str]:
+    """Check a class-folder root once per process; return its class names (sorted folders).
 
-    A folder is checked once per process (a content check also covers later layout-only
-    calls), so per-epoch pipelines neither rescan it nor repeat the warning.
-
-    Files that are not images by extension (.txt, .DS_Store, .gif, ...) are skipped by the
-    reader: one warning names them with their count. So are the sub-folders of class folders
-    (the reader reads only the files directly in a class folder: ``list_folder``): one
-    warning counts them and the images in them. Greyscale, CMYK and PNG images decode to RGB.
-    A content check of a large folder shows progress (``src.utils.progress``).
-
-    Args:
-        data_path (str): Root folder with one sub-folder of images per class.
-        check_content (bool): Also check every image file's bytes (see the module docstring).
-
-    Returns:
-        list[str]: class names (sorted sub-folder names).
+    Non-image files and sub-folders of class folders are skipped with one warning each;
+    ``check_content`` also checks every image's bytes (``broken_images``).
 
     Raises:
         MissingFileError: If ``data_path`` is missing or holds no class folders.
-        ImageFolderError: For a class folder without images, macOS metadata files ("._*"),
-            entries with an image name that are no image file (a folder ``photos.jpg``, a
-            link to a missing file), folders or images that cannot be read (permission), or
-            corrupt or truncated images; the message names the files.
+        ImageFolderError: For a class folder without images, ``._*`` files, image names that
+            are no file, unreadable, oversized, corrupt or truncated images (names them).
     """
     if not os.path.isdir(data_path):
         raise MissingFileError(f"data_path {data_path!r} is not a folder")
@@ -387,13 +323,9 @@ _FAILED_FILE = re.compile(r"The corresponding data file is: (.+?)\.(?:\s|$)")
 
 
 @contextlib.contextmanager
-def readable_pipeline_errors():
-    """Turn a dataset-pipeline failure that names a data file into one clear line.
-
-    Raises:
-        ImageFolderError: Naming the file, when MindSpore's error names one; other errors
-            propagate unchanged.
-    """
+def readable_pipeline_errors() -> Iterator[None]:
+    """Turn a pipeline ``RuntimeError`` that names a data file into an ImageFolderError naming
+    it; other errors propagate unchanged."""
     try:
         yield
     except RuntimeError as err:

@@ -1,5 +1,2 @@
-"""The core every other package builds on: config and CLI, errors, logging and progress, device
-and distribution setup, checkpoint file I/O, throughput timing.
-
-Nothing is imported here, so ``src.utils.errors`` or ``src.utils.config`` load alone.
-"""
+"""The core below every other package (config, CLI, errors, logging, device, checkpoint files);
+imports nothing, so each module loads alone."""

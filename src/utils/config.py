@@ -1,16 +1,5 @@
-"""Configuration: ``config.yaml`` defaults, an optional recipe file, then ``--key value`` flags.
-
-``config.yaml`` (at the repository root) is both the default recipe and the schema: its first
-YAML document gives every key with its default value (whose type is the key's type), the
-second the meaning and unit of each key (printed by ``--help``), the third the allowed values
-of keys with a closed set. Same layout as ModelZoo's ``*_config.yaml`` files.
-
-Override order, later wins: ``config.yaml`` < ``--config_path FILE`` < command-line flags.
-
-A recipe file (``--config_path``) is one YAML document of ``key: value`` lines, each key once. A
-copy of config.yaml is accepted too: its second and third documents, help texts (strings) and
-choices (lists), are not read. A ``config_path`` key (a run's written config.yaml records its
-recipe there) is ignored: re-running a run from its config.yaml works.
+"""Configuration: ``config.yaml`` (defaults, help texts, choices: ModelZoo's layout) < a recipe
+file (``--config_path``) < ``--key value`` flags. See docs/configuration.md#setting-values.
 """
 import argparse
 import logging
@@ -43,7 +32,7 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
             "eval_interval", "top_k", "num_parallel_workers", "loss_scale", "eps",
             "calibration_images", "scale_window", "max_image_pixels", "head_lr_scale",
             "trust_coeff", "lr_poly_power")
-"""Keys whose value must be > 0, checked for every entry point (``check_values``)."""
+"""Keys whose value must be > 0."""
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
                 "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm",
@@ -68,18 +57,17 @@ UPPER_BOUNDS = {
                                      "the images, published recipes use 3 (DeiT) and 4 "
                                      "(torchvision)"),
 }
-"""Keys with an upper bound of their own: key -> (bound, why). Every other integer (list items
-included) is at most ``INT32_MAX`` (MindSpore's counters and op attributes are int32), every
-float at most ``FLOAT32_MAX`` in magnitude (values reach the network as float32)."""
+"""Key -> (upper bound, why); other ints are at most ``INT32_MAX``, floats ``FLOAT32_MAX``."""
 INT_RANGES = {"trainable_layers": (0, MAX_TRAINABLE_LAYERS,
                                   f" (0 = only fc, {MAX_TRAINABLE_LAYERS} = every layer)")}
 """Integer keys checked to lie in low..high: key -> (low, high, note for the error)."""
 RECIPE_IGNORED = ("config_path",)
-"""Keys a recipe file may hold that are not config keys: a run's written config.yaml records
-the recipe it was resolved from as ``config_path``."""
+"""Non-config keys a recipe may hold (a run's written config.yaml records ``config_path``)."""
 RENAMED = {"image_size": "train_image_size (training crop) and eval_image_size (eval, export, "
                          "predict)"}
 """Keys of earlier versions and what replaced them, named in the unknown-key error."""
+ConfigValue = bool | int | float | str | list
+"""The type of a config value: that of its default in config.yaml."""
 SECTION = re.compile(r"^# -+ (.+?) -+$")
 LOGGER = logging.getLogger(__name__)
 
@@ -89,14 +77,10 @@ class ConfigError(UserError, ValueError):
 
 
 class Config(dict):
-    """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``).
+    """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``);
+    ``user_keys`` are those set in the recipe file or on the command line."""
 
-    Attributes:
-        user_keys (frozenset[str]): The keys the user set, in the recipe file
-            (``--config_path``) or on the command line; the others hold config.yaml's default.
-    """
-
-    user_keys = frozenset()
+    user_keys: frozenset[str] = frozenset()
 
     def __getattr__(self, key):
         try:
@@ -104,27 +88,18 @@ class Config(dict):
         except KeyError:
             raise AttributeError(f"config has no key {key!r}") from None
 
-    def to_yaml(self):
+    def to_yaml(self) -> str:
         """Return the config as YAML text, keys in schema order."""
         return yaml.safe_dump(dict(self), sort_keys=False, default_flow_style=None)
 
-    def user_value(self, key):
+    def user_value(self, key: str) -> ConfigValue | None:
         """The value of ``key`` if the user set it (``user_keys``), else None."""
         return self[key] if key in self.user_keys else None
 
-    def fill_unset(self, values, origin=None):
-        """Set the keys of ``values`` that the user did not set (``user_keys``); with
-        ``origin``, log one line saying which values were taken from it and which the user's
-        set values overrode.
-
-        Args:
-            values (dict): Key -> value, e.g. the eval settings of pretrained weights.
-            origin (str, optional): Where ``values`` come from, for the log line.
-
-        Returns:
-            tuple(dict, dict): the values taken, and the user's values kept instead of
-            ``values``' (those that differ), each key -> value.
-        """
+    def fill_unset(self, values: dict[str, ConfigValue], origin: str | None = None
+                   ) -> tuple[dict[str, ConfigValue], dict[str, ConfigValue]]:
+        """Set the keys of ``values`` the user did not set; return those taken and the user's
+        differing values kept. With ``origin``, log one line saying so."""
         taken = {k: v for k, v in values.items() if k not in self.user_keys}
         kept = {k: self[k] for k, v in values.items() if k in self.user_keys and self[k] != v}
         self.update(taken)
@@ -137,7 +112,8 @@ class Config(dict):
         return taken, kept
 
 
-def load_schema(path=DEFAULT_CONFIG):
+def load_schema(path: str = DEFAULT_CONFIG) -> tuple[dict[str, ConfigValue], dict[str, str],
+                                                      dict[str, list]]:
     """Read the schema file: (defaults, help texts, choices).
 
     Raises:
@@ -159,8 +135,7 @@ class _DuplicateKey(Exception):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
-    silently). The keys of a merge (``<<: *anchor``) may be overridden: that is their use."""
+    """PyYAML's safe loader refusing a key given twice in a mapping (merge keys excepted)."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -213,16 +188,13 @@ def _read_yaml_documents(path, starts=None):
     return docs
 
 
-def read_recipe(path):
-    """The ``key: value`` mapping of the recipe file ``path`` (``--config_path``).
-
-    One YAML document; a copy of config.yaml (three documents, the second of help texts, the
-    third of choices) gives its first. ``RECIPE_IGNORED`` keys are dropped.
+def read_recipe(path: str) -> dict[str, object]:
+    """The ``key: value`` mapping of a recipe file (a copy of config.yaml gives its first
+    document), without ``RECIPE_IGNORED`` keys.
 
     Raises:
-        ConfigError: For a file of several documents otherwise (only the first would be
-            read), naming the file, the count and where the second starts; as
-            ``_read_yaml_documents``.
+        ConfigError: For several documents (not a config.yaml copy), a key given twice,
+            invalid YAML or non-UTF-8 text.
     """
     starts = []
     docs = _read_yaml_documents(path, starts) or [{}]
@@ -234,30 +206,17 @@ def read_recipe(path):
 
 
 def _is_schema_copy(docs):
-    """Whether ``docs`` have config.yaml's layout: values, help texts (strings), choices
-    (lists)."""
+    """Whether ``docs`` have config.yaml's layout: values, help texts, choices."""
     return (len(docs) == 3 and all(isinstance(v, str) for v in docs[1].values())
             and all(isinstance(v, list) for v in docs[2].values()))
 
 
-def coerce(key, value, default, source):
-    """Convert ``value`` to the type of ``default`` (the key's type in config.yaml).
-
-    Strings (command-line flags, and YAML scalars such as ``1e-4`` that PyYAML reads as
-    strings) are parsed; other values must already have the right type. An int is accepted
-    for a float key.
-
-    Args:
-        key (str): Config key, for the error message.
-        value: The new value (str from the command line, any YAML type from a file).
-        default: The key's default, whose type is the expected type.
-        source (str): Where the value came from (file name or "command line").
-
-    Returns:
-        The value converted to the key's type.
+def coerce(key: str, value: object, default: ConfigValue, source: str) -> ConfigValue:
+    """``value`` as the type of ``default``: strings (flags, YAML's ``1e-4``) are parsed, an int
+    is accepted for a float key; ``source`` (file or "command line") is named in errors.
 
     Raises:
-        ConfigError: If the value cannot be read as the key's type; names key and source.
+        ConfigError: If the value cannot be read as the key's type.
     """
     expected = type(default)
     try:
@@ -315,7 +274,8 @@ def _type_name(default):
             str: "a string"}[type(default)]
 
 
-def merge(cfg, updates, defaults, choices, source):
+def merge(cfg: Config, updates: dict[str, object], defaults: dict[str, ConfigValue],
+          choices: dict[str, list], source: str) -> None:
     """Apply ``updates`` to ``cfg`` in place, checking key names, types and choices.
 
     Raises:
@@ -335,13 +295,8 @@ def merge(cfg, updates, defaults, choices, source):
         cfg[key] = value
 
 
-def read_sections(path=DEFAULT_CONFIG):
-    """The sections of the schema file: ``# ---- name ----`` comment lines, each followed by
-    its keys.
-
-    Returns:
-        dict[str, list[str]]: section name -> keys, in file order.
-    """
+def read_sections(path: str = DEFAULT_CONFIG) -> dict[str, list[str]]:
+    """Section name -> keys, in file order, of the schema's ``# ---- name ----`` comments."""
     sections, current = {}, None
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -355,18 +310,11 @@ def read_sections(path=DEFAULT_CONFIG):
     return sections
 
 
-def build_parser(defaults, helps, description, sections=None, shown=None):
-    """An ``argparse`` parser with one ``--key`` flag per config key (value read as text).
-
-    Args:
-        defaults (dict): Key -> default value.
-        helps (dict): Key -> help text.
-        description (str): Shown first by ``--help``.
-        sections (dict[str, list[str]], optional): Section -> keys (``read_sections``).
-        shown (tuple[str], optional): The sections whose keys ``--help`` lists, grouped;
-            the other keys are accepted (recipe files and launch scripts pass them to every
-            entry point) but not listed. None: all sections.
-    """
+def build_parser(defaults: dict[str, ConfigValue], helps: dict[str, str], description: str,
+                 sections: dict[str, list[str]] | None = None,
+                 shown: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """A parser with one ``--key`` flag per config key (read as text); ``--help`` lists the
+    keys of the ``shown`` sections (None: all), grouped, and accepts the others unlisted."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Values are checked against the types of config.yaml. Lists: --key 85,160."
@@ -392,11 +340,9 @@ def _metavar(default):
     return type(default).__name__.upper() if not isinstance(default, list) else "LIST"
 
 
-def check_values(cfg):
-    """Range checks shared by every entry point: every float finite (``nan`` and ``inf`` pass
-    no comparison-based check) and within its upper bound (``check_upper_bounds``; the seed
-    in MindSpore's range), ``POSITIVE`` keys > 0, ``NON_NEGATIVE`` keys >= 0,
-    ``UNIT_INTERVAL`` keys in their interval, ``train_crop_scale`` a [min, max] area range.
+def check_values(cfg: Config) -> None:
+    """Range checks shared by every entry point: floats finite, ``check_upper_bounds``, then
+    ``POSITIVE``, ``NON_NEGATIVE``, ``UNIT_INTERVAL``, ``INT_RANGES`` and the rest.
 
     Raises:
         ConfigError: Naming the key, its value and what was expected.
@@ -435,10 +381,8 @@ def check_values(cfg):
                           f"{cfg.train_crop_scale}")
 
 
-def check_upper_bounds(cfg):
-    """``UPPER_BOUNDS``, ``INT32_MAX`` for the other integers (list items included) and
-    ``FLOAT32_MAX`` for every float: a value beyond them fails in MindSpore (a seed) or
-    allocates without end (an LR array of ``epoch_size`` x steps per epoch values).
+def check_upper_bounds(cfg: Config) -> None:
+    """``UPPER_BOUNDS``, ``INT32_MAX`` for other ints (list items too), ``FLOAT32_MAX`` for floats.
 
     Raises:
         ConfigError: Naming the key, the bound and why, and the value.
@@ -467,25 +411,14 @@ def check_upper_bounds(cfg):
                               f"(float32), got {value}")
 
 
-def parse_config(argv=None, description="ResNet on MindSpore", schema_path=DEFAULT_CONFIG,
-                 sections=None):
-    """Resolve the configuration of an entry point.
-
-    Args:
-        argv (list[str], optional): Command-line arguments (default: ``sys.argv[1:]``).
-        description (str): Shown by ``--help``.
-        schema_path (str): The schema/defaults file (``config.yaml``).
-        sections (tuple[str], optional): The config.yaml sections this entry point reads:
-            ``--help`` lists their keys only, grouped (None: every key).
-
-    Returns:
-        Config: every key of config.yaml with its resolved, type-checked value, plus
-        ``config_path``; ``user_keys`` names those set in the recipe file or the flags.
+def parse_config(argv: list[str] | None = None, description: str = "ResNet on MindSpore",
+                 schema_path: str = DEFAULT_CONFIG,
+                 sections: tuple[str, ...] | None = None) -> Config:
+    """Resolve an entry point's configuration: every key of config.yaml, type- and
+    range-checked, plus ``config_path``; ``sections``: those ``--help`` lists (None: all).
 
     Raises:
-        ConfigError: For an unknown key, a value of the wrong type, outside its choices or
-            its range (``check_values``), in the recipe file or on the command line.
-            (``--help`` and flag syntax errors exit through argparse.)
+        ConfigError: For an unknown key, a wrong type, a value outside its choices or range.
     """
     defaults, helps, choices = load_schema(schema_path)
     parser = build_parser(defaults, helps, description, read_sections(schema_path), sections)

@@ -1,6 +1,7 @@
 """Device and distribution: execution mode, backend, data-parallel setup, collectives on
-small values, and the all-reduce fusion check."""
+small values (docs/speed.md#collectives-on-small-values), the all-reduce fusion split."""
 import re
+from re import Match
 
 import mindspore as ms
 import numpy as np
@@ -10,21 +11,13 @@ from src.utils.config import ConfigError
 MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
 
 
-def setup_device(mode, device_target, device_id=0, seed=1, run_distribute=False):
-    """Set execution mode, backend, device and seed.
-
-    Args:
-        mode (str): ``GRAPH`` or ``PYNATIVE``.
-        device_target (str): ``CPU``, ``GPU`` or ``Ascend``.
-        device_id (int): Device index of a single-device run (under ``run_distribute`` the
-            launcher assigns devices).
-        seed (int): Global seed (``mindspore.set_seed``).
-        run_distribute (bool): Data-parallel run.
+def setup_device(mode: str, device_target: str, device_id: int = 0, seed: int = 1,
+                 run_distribute: bool = False) -> None:
+    """Set execution mode (``GRAPH``/``PYNATIVE``), backend, device and global seed;
+    ``device_id`` is ignored under ``run_distribute`` (the launcher assigns devices).
 
     Raises:
-        ConfigError: If the installed MindSpore cannot run on ``device_target`` (a CPU-only
-            build asked for GPU, or the GPU / Ascend libraries do not load): one line naming
-            the MindSpore version, the target asked for and those it runs on.
+        ConfigError: If the installed MindSpore cannot run on ``device_target``.
     """
     check_device_target(device_target)
     ms.set_context(mode=MODES[mode])
@@ -46,10 +39,8 @@ _SUPPORTED = re.compile(r"only supports one of the \[([^\]]*)\]")
 TARGETS = ("CPU", "GPU", "Ascend")
 
 
-def available_targets():
-    """The backends the installed MindSpore runs on in this process (the plugins that loaded
-    at ``import mindspore``: the CPU-only wheel has no GPU or Ascend plugin; the GPU one needs
-    CUDA's libraries), or None when this MindSpore cannot say."""
+def available_targets() -> list[str] | None:
+    """The backends whose plugins loaded at ``import mindspore``, or None if it cannot say."""
     try:
         from mindspore._c_expression import MSContext
         context = MSContext.get_instance()
@@ -58,21 +49,17 @@ def available_targets():
         return None
 
 
-def check_device_target(device_target):
-    """Refuse a ``device_target`` the installed MindSpore does not run on, before MindSpore's
-    own multi-line error and log lines.
-
-    Raises:
-        ConfigError: As ``setup_device``.
-    """
+def check_device_target(device_target: str) -> None:
+    """Raise ConfigError for a ``device_target`` the installed MindSpore does not run on."""
     available = available_targets()
     if available is not None and device_target not in available:
         raise ConfigError(unsupported_target_message(device_target, available))
 
 
-def unsupported_target_message(device_target, available):
+def unsupported_target_message(device_target: str,
+                               available: list[str] | Match[str] | None) -> str:
     """The one line of an unsupported ``device_target``; ``available``: the backends (a list
-    or a regex match of MindSpore's error), or None."""
+    or a match of MindSpore's error), or None."""
     if available is not None and not isinstance(available, list):
         available = [t.strip().strip("'\"") for t in available.group(1).split(",")]
     runs_on = f"runs on {', '.join(available)} only" if available else "cannot say what it runs on"
@@ -82,20 +69,11 @@ def unsupported_target_message(device_target, available):
             f"{'CUDA' if device_target == 'GPU' else 'CANN'} libraries do not load){hint}")
 
 
-def init_distributed(run_distribute, device_num):
-    """Initialize data-parallel training when ``run_distribute`` is set.
+def init_distributed(run_distribute: bool, device_num: int) -> tuple[int, int]:
+    """Initialize data-parallel training (gradients averaged) when ``run_distribute`` is set.
 
-    Uses ``mindspore.communication.init()`` (HCCL on Ascend, NCCL on GPU, MindSpore's own
-    collectives on CPU; processes started by msrun or a rank table), data-parallel mode with
-    gradients averaged over devices. The split of the gradient all-reduce is set once the
-    network exists (``apply_fusion_config``).
-
-    Args:
-        run_distribute (bool): Data-parallel run.
-        device_num (int): Expected device count (1: take the launcher's).
-
-    Returns:
-        tuple(int, int): (rank id, number of devices); (0, 1) when not distributed.
+    Returns (rank id, device count), (0, 1) when not distributed; ``device_num`` 1 takes the
+    launcher's count.
 
     Raises:
         ConfigError: If ``device_num`` is neither 1 nor the launched process count.
@@ -113,20 +91,9 @@ def init_distributed(run_distribute, device_num):
     return rank, group_size
 
 
-def apply_fusion_config(indices, num_tensors, net_name):
-    """Set the split points of the data-parallel gradient all-reduce
-    (``all_reduce_fusion_config`` of MindSpore's auto-parallel context; read when the training
-    graph compiles).
-
-    Args:
-        indices (list[int]): The configured split points; empty: ``fusion_config_for`` this
-            network's trainable tensors.
-        num_tensors (int): Tensors that train (``len(net.trainable_params())``: frozen ones
-            send no gradient).
-        net_name (str): For the message.
-
-    Returns:
-        list[int]: The split points set.
+def apply_fusion_config(indices: list[int], num_tensors: int, net_name: str) -> list[int]:
+    """Set and return the split points of the gradient all-reduce (``all_reduce_fusion_config``);
+    empty ``indices``: ``fusion_config_for(num_tensors)``, the trainable tensors.
 
     Raises:
         ConfigError: If explicit ``indices`` do not fit (``check_fusion_config``).
@@ -139,8 +106,7 @@ def apply_fusion_config(indices, num_tensors, net_name):
 
 
 class _SumOverRanks(ms.nn.Cell):
-    """All-reduce (sum) of a tensor over the world group, as a graph (the eager collectives
-    have no CPU kernel in MindSpore 2.10)."""
+    """All-reduce (sum) over the world group, as a graph (no eager CPU kernel in 2.10)."""
 
     def __init__(self):
         super().__init__()
@@ -153,32 +119,18 @@ class _SumOverRanks(ms.nn.Cell):
 _SUM_CELLS = {}  # one compiled all-reduce graph per input shape (compiling one takes ~0.2 s)
 
 
-def sum_over_ranks(array):
-    """``array`` (float32) summed element-wise over every rank of the world group, through one
-    all-reduce in a graph compiled once per shape (a call costs about 1.5 ms on CPU for a few
-    values). Every rank must call it, in the same order as the other collectives.
-
-    Args:
-        array (numpy.ndarray): float32, any shape, the same on every rank.
-
-    Returns:
-        numpy.ndarray: float32, the shape of ``array``.
-    """
+def sum_over_ranks(array: np.ndarray) -> np.ndarray:
+    """``array`` (float32, any shape, the same on every rank) summed element-wise over the
+    ranks by one all-reduce; every rank must call it, in the same order."""
     array = np.ascontiguousarray(array, np.float32)
     if array.shape not in _SUM_CELLS:
         _SUM_CELLS[array.shape] = _SumOverRanks()
     return _SUM_CELLS[array.shape](ms.Tensor(array)).asnumpy()
 
 
-def all_gather_ints(values):
-    """Every rank's ``values`` (a list of ints in [-2**31, 2**31), the same length on every
-    rank), in rank order, through one all-reduce over the world group: each rank fills its own
-    slots of a zero array. The CPU all-reduce takes only floats, so each value travels as two
-    16-bit halves (exact in float32).
-
-    Returns:
-        list[list[int]]: one list of values per rank.
-    """
+def all_gather_ints(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values`` (ints in [-2**31, 2**31), the same count on every rank), one
+    list per rank in rank order, by one all-reduce."""
     from mindspore.communication import get_group_size, get_rank
     slots = np.zeros((get_group_size(), len(values), 2), np.float32)
     slots[get_rank()] = [divmod(int(v) + 2 ** 31, 2 ** 16) for v in values]
@@ -186,36 +138,20 @@ def all_gather_ints(values):
     return [[int(high) * 2 ** 16 + int(low) - 2 ** 31 for high, low in rank] for rank in summed]
 
 
-def all_gather_int(value):
-    """Every rank's ``value`` (an int in [-2**31, 2**31)), in rank order (``all_gather_ints``).
-
-    Returns:
-        list[int]: one value per rank.
-    """
+def all_gather_int(value: int) -> list[int]:
+    """Every rank's ``value`` (an int in [-2**31, 2**31)), in rank order."""
     return [values[0] for values in all_gather_ints([value])]
 
 
-def sum_ints_over_ranks(values):
-    """``values`` (a list of ints in [0, 2**31), the same length on every rank) summed over
-    the ranks, exactly (``all_gather_ints``: one all-reduce).
-
-    Returns:
-        list[int]: the sums, in the order of ``values``.
-    """
+def sum_ints_over_ranks(values: list[int]) -> list[int]:
+    """``values`` (ints in [0, 2**31), the same count on every rank) summed exactly over the
+    ranks."""
     return [sum(column) for column in zip(*all_gather_ints(values))]
 
 
-def broadcast_from_rank0(arrays):
-    """Rank 0's ``arrays`` on every rank, through one all-reduce (sum) in which the other ranks
-    send zeros: exact, as x + 0 is x in floating point (a -0.0 arrives as 0.0).
-
-    Args:
-        arrays (list[numpy.ndarray]): Floating-point arrays; the same shapes and dtypes on
-            every rank (the values of ranks other than 0 are not used).
-
-    Returns:
-        list[numpy.ndarray]: Rank 0's arrays, each in its own shape and dtype.
-    """
+def broadcast_from_rank0(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Rank 0's floating-point ``arrays`` (the same shapes and dtypes on every rank) on every
+    rank, exactly (-0.0 arrives as 0.0), by one all-reduce."""
     from mindspore.communication import get_rank
     if not arrays:
         return []
@@ -230,16 +166,9 @@ def broadcast_from_rank0(arrays):
     return out
 
 
-def check_fusion_config(indices, num_tensors, net_name):
-    """Validate ``all_reduce_fusion_config`` against the network's trainable tensors.
-
-    The indices split the gradient all-reduce into fused groups [0, i1), [i1, i2), ...,
-    [ik, num_tensors): each must lie in [1, num_tensors - 1], strictly increasing.
-
-    Args:
-        indices (list[int]): The configured split points.
-        num_tensors (int): ``len(net.trainable_params())`` (ResNet-50: 161).
-        net_name (str): For the message.
+def check_fusion_config(indices: list[int], num_tensors: int, net_name: str) -> None:
+    """Check that the split points ``indices`` are strictly increasing in
+    [1, num_tensors - 1] (``num_tensors``: trainable tensors, ResNet-50 161).
 
     Raises:
         ConfigError: Naming the valid range and a proportional suggestion.
@@ -254,10 +183,8 @@ def check_fusion_config(indices, num_tensors, net_name):
                          f"{','.join(map(str, suggestion))}")
 
 
-def fusion_config_for(num_tensors):
-    """The ResNet-50 split [85, 160] of 161 tensors (ModelZoo's), scaled to ``num_tensors``:
-    ResNet-18 [33, 61], ResNet-34 [58, 109], ResNet-101 [166, 313], ResNet-152 [247, 466].
-    Few tensors (fine-tuning a few layers: 2 for ``fc`` alone) keep the split points that
-    fit: [1] for 2 tensors, [] (one group) for 1."""
+def fusion_config_for(num_tensors: int) -> list[int]:
+    """ModelZoo's ResNet-50 split [85, 160] of 161 tensors scaled to ``num_tensors`` (the points
+    that fit: [1] for 2 tensors, [] for 1); see docs/distributed.md."""
     points = {round(85 * num_tensors / 161), num_tensors - 1}
     return sorted(i for i in points if 1 <= i <= num_tensors - 1)

@@ -2,13 +2,14 @@
 import logging
 import logging.handlers
 import sys
+from typing import TextIO
 
 EARLY_RECORDS = 10000  # lines kept for the log file before its folder is known
 
 
 class RunLogFile(logging.FileHandler):
-    """The run's log file: a failed write (disk full) is kept in ``error`` (the first one)
-    for the run to stop on, instead of logging's traceback on stderr for every line."""
+    """The run's log file; the first failed write (disk full) is kept in ``error`` for the run
+    to stop on, instead of a traceback per line."""
 
     error = None
 
@@ -17,7 +18,7 @@ class RunLogFile(logging.FileHandler):
             self.error = sys.exc_info()[1]
 
 
-def log_file_error(logger):
+def log_file_error(logger: logging.Logger) -> str | None:
     """The first write error of ``logger``'s log file (``RunLogFile``), or None."""
     for handler in logger.handlers:
         if isinstance(handler, RunLogFile) and handler.error is not None:
@@ -32,20 +33,11 @@ class _Early(logging.handlers.BufferingHandler):
         return False
 
 
-def get_logger(name, log_file=None, rank=0, stream=None):
-    """Return a logger printing ``time rank level message`` lines; the ``src`` package's
-    loggers write to the same stream and file.
-
-    Called first without ``log_file`` (start-up: the output folder is not settled yet), then
-    again with it: the lines logged in between are written to the file first, so it holds
-    the whole run.
-
-    Args:
-        name (str): Logger name (the entry point).
-        log_file (str, optional): Also append to this file.
-        rank (int): Device rank shown in each line (data-parallel runs).
-        stream (file, optional): Where lines are printed; default stdout (predict.py, whose
-            stdout is its JSON output, passes stderr).
+def get_logger(name: str, log_file: str | None = None, rank: int = 0,
+               stream: TextIO | None = None) -> logging.Logger:
+    """A logger printing ``time rankN level message`` lines to ``stream`` (default stdout) and,
+    with ``log_file``, appending them there; the ``src`` loggers write to the same places.
+    Lines logged before the call with ``log_file`` are written to the file first.
     """
     logger = logging.getLogger(name)
     early = [h for h in logger.handlers if isinstance(h, _Early)]

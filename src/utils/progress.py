@@ -1,16 +1,9 @@
-"""Progress of long work over a known number of images: a bar on a terminal, lines elsewhere.
-
-When stderr is a terminal, a tqdm bar shows the images done, img/s and the ETA. When it is not
-(CI, nohup, msrun logs), a bar would fill the log with carriage returns, so plain lines are
-written to stderr instead::
-
-    eval: 6400/50000 images, 31.5 img/s, ETA 0:23:04
-
-one after the first update, then whenever ``interval_s`` seconds have passed or another
-``fraction`` of the total is done since the last line, and one at the end.
-"""
+"""Progress over a known number of images: a tqdm bar on a terminal, elsewhere (CI, msrun logs)
+lines such as ``eval: 6400/50000 images, 31.5 img/s, ETA 0:23:04``."""
 import sys
 import time
+from collections.abc import Callable
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -18,7 +11,7 @@ LINE_INTERVAL_S = 30.0
 LINE_FRACTION = 0.1
 
 
-def format_eta(seconds):
+def format_eta(seconds: float | None) -> str:
     """Seconds as ``h:mm:ss`` (hours not wrapped into days); ``unknown`` for None."""
     if seconds is None:
         return "unknown"
@@ -26,7 +19,7 @@ def format_eta(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def is_terminal(stream):
+def is_terminal(stream: TextIO) -> bool:
     """Whether ``stream`` is an open terminal (False for files, pipes and closed streams)."""
     try:
         return bool(stream.isatty())
@@ -35,23 +28,22 @@ def is_terminal(stream):
 
 
 class Progress:
-    """Counts images done towards a total and shows it (see the module docstring).
-
-    Use it as a context manager: leaving the block closes the bar or writes the last line.
+    """Counts images done towards ``total`` and shows it; a context manager (leaving closes).
 
     Args:
-        total (int): Number of images the work covers.
-        desc (str): What is being done, the start of each line (``eval``, ``predict``).
-        stream (file, optional): Where progress goes; default ``sys.stderr``. A terminal gets
-            a bar, anything else lines.
-        interval_s (float): Lines: at most this many seconds between two lines.
-        fraction (float): Lines: also a line each time this fraction of ``total`` is done.
-        quiet (bool): Count only, show nothing (e.g. for work too small to need progress).
-        clock (callable): Monotonic time in seconds (tests pass a fake one).
+        total: Images the work covers.
+        desc: The start of each line (``eval``, ``predict``).
+        stream: Where progress goes (default ``sys.stderr``); a terminal gets a bar.
+        interval_s: Lines: an update writes one when this many seconds passed since the
+            last line, or ``fraction`` of ``total`` was done since it; one at the end.
+        fraction: See ``interval_s``.
+        quiet: Count only, show nothing.
+        clock: Monotonic time in seconds (tests pass a fake one).
     """
 
-    def __init__(self, total, desc, stream=None, interval_s=LINE_INTERVAL_S,
-                 fraction=LINE_FRACTION, quiet=False, clock=time.monotonic):
+    def __init__(self, total: int, desc: str, *, stream: TextIO | None = None,
+                 interval_s: float = LINE_INTERVAL_S, fraction: float = LINE_FRACTION,
+                 quiet: bool = False, clock: Callable[[], float] = time.monotonic):
         self.total = total
         self.desc = desc
         self.done = 0
@@ -73,7 +65,7 @@ class Progress:
     def __exit__(self, *exc_info):
         self.close()
 
-    def update(self, count):
+    def update(self, count: int) -> None:
         """Add ``count`` images done; redraw the bar or write a line when one is due."""
         self.done += count
         if self.bar is not None:
@@ -81,7 +73,7 @@ class Progress:
         elif not self.quiet and self._line_due():
             self._write_line()
 
-    def write(self, text, file=None):
+    def write(self, text: str, file: TextIO | None = None) -> None:
         """Print a line of output (default: to stdout) without breaking the bar."""
         file = sys.stdout if file is None else file
         if self.bar is not None:
@@ -89,7 +81,7 @@ class Progress:
         else:
             print(text, file=file)
 
-    def close(self):
+    def close(self) -> None:
         """End the bar, or write the last line if the count moved since the previous one."""
         if self.bar is not None:
             self.bar.close()
@@ -97,7 +89,7 @@ class Progress:
         elif not self.quiet and (self.last_line is None or self.last_line[1] != self.done):
             self._write_line()
 
-    def line(self):
+    def line(self) -> str:
         """The text of a progress line for the count so far (``N/total images, ...``)."""
         elapsed = self.clock() - self.start
         rate = self.done / elapsed if elapsed > 0 else None

@@ -1,13 +1,8 @@
-"""Throughput mode (``--benchmark_steps N`` of train.py and eval.py): time N steps on
-synthetic data, without a dataset, as NVIDIA's ``--mode benchmark_training`` and ModelZoo's
-GPU benchmark script do. What a user runs first on a new machine.
-
-The synthetic batch is created once and stays on the device, so the figure is the step's
-speed alone (no decoding, no host-to-device copies); the first ``warmup`` calls (graph
-compilation, memory allocation) are timed but left out of the figure.
-"""
+"""Throughput mode (``--benchmark_steps N``): N steps timed on one synthetic batch kept on the
+device, as NVIDIA's ``--mode benchmark_training``; see docs/speed.md#speed-on-every-backend."""
 import statistics
 import time
+from collections.abc import Callable
 
 import mindspore as ms
 import numpy as np
@@ -15,14 +10,10 @@ import numpy as np
 WARMUP_STEPS = 2
 
 
-def synthetic_batch(batch_size, image_size, class_num, soft_targets=False, seed=0):
-    """A fixed random batch: images float32 (batch_size, 3, image_size, image_size), standard
-    normal (as normalized images); labels int32 (batch_size,) in [0, class_num), or with
-    ``soft_targets`` float32 (batch_size, class_num) rows summing to 1 (as mixup/cutmix give).
-
-    Returns:
-        tuple(numpy.ndarray, numpy.ndarray): images, labels.
-    """
+def synthetic_batch(batch_size: int, image_size: int, class_num: int,
+                    soft_targets: bool = False, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed random batch: images float32 (N, 3, S, S), standard normal; labels int32 (N,)
+    in [0, class_num), or with ``soft_targets`` one-hot float32 (N, class_num)."""
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((batch_size, 3, image_size, image_size)).astype(np.float32)
     labels = rng.integers(0, class_num, batch_size).astype(np.int32)
@@ -31,16 +22,10 @@ def synthetic_batch(batch_size, image_size, class_num, soft_targets=False, seed=
     return images, labels
 
 
-def time_calls(call, steps, warmup=WARMUP_STEPS):
-    """Seconds of each of ``warmup + steps`` calls of ``call`` (which must block until its
-    result exists, e.g. by reading it back).
-
-    Returns:
-        tuple(list[float], list[float]): warmup seconds, timed seconds.
-
-    Raises:
-        ValueError: If ``steps`` < 1.
-    """
+def time_calls(call: Callable[[], object], steps: int,
+               warmup: int = WARMUP_STEPS) -> tuple[list[float], list[float]]:
+    """Seconds of each warmup call, then of each timed call, of ``call`` (which must block
+    until its result exists). Raises ValueError if ``steps`` < 1."""
     if steps < 1:
         raise ValueError(f"benchmark_steps must be >= 1, got {steps}")
     seconds = []
@@ -51,21 +36,11 @@ def time_calls(call, steps, warmup=WARMUP_STEPS):
     return seconds[:warmup], seconds[warmup:]
 
 
-def throughput_report(kind, images_per_step, device_num, warmup_s, timed_s):
-    """The figures of a throughput run, as a dict and a one-line summary.
-
-    Args:
-        kind (str): ``train`` or ``eval``.
-        images_per_step (int): Images one device processes per timed call.
-        device_num (int): Devices running in data parallel (global = per device x this).
-        warmup_s (list[float]): Seconds of the calls left out (compilation first).
-        timed_s (list[float]): Seconds of the timed calls.
-
-    Returns:
-        tuple(dict, str): ``img_per_s_per_device`` and ``img_per_s_global`` (from the median
-        step time), ``ms_per_step_median``/``min``/``max``, ``steps``, ``warmup_steps``,
-        ``warmup_s``; and the summary line.
-    """
+def throughput_report(kind: str, images_per_step: int, device_num: int,
+                      warmup_s: list[float], timed_s: list[float]) -> tuple[dict, str]:
+    """The figures of a throughput run (img/s per device and global from the median step time,
+    ms per step) as a record and a one-line summary; ``kind`` is ``train`` or ``eval``,
+    ``images_per_step`` per device."""
     median = statistics.median(timed_s)
     per_device = images_per_step / median
     record = {"mode": f"benchmark_{kind}", "steps": len(timed_s), "warmup_steps": len(warmup_s),
@@ -83,6 +58,6 @@ def throughput_report(kind, images_per_step, device_num, warmup_s, timed_s):
     return record, line
 
 
-def as_tensors(*arrays):
+def as_tensors(*arrays: np.ndarray) -> tuple[ms.Tensor, ...]:
     """numpy arrays -> MindSpore Tensors (placed on the device at the first call)."""
     return tuple(ms.Tensor(a) for a in arrays)

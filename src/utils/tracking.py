@@ -1,17 +1,12 @@
-"""TensorBoard event files of a run (``tensorboard true``), written with tensorboardX's protocol
-buffers and record writer, synchronously: each call appends its events and flushes, so a
-watching TensorBoard (``tensorboard --logdir output/``) sees them at once, and a failed write is
-known where it happens. A write that fails (full disk, read-only folder, a file where the folder
-should be) logs one warning and ends tracking; the run goes on untouched.
-
-(tensorboardX's ``SummaryWriter`` writes from a background thread through a bounded queue: a
-write error there ends the thread silently and a full queue then blocks the caller, which would
-stop training; hence the synchronous writer here.)
+"""TensorBoard event files of a run (``tensorboard true``), written synchronously with
+tensorboardX's record writer: a failed write logs one warning and ends tracking, the run goes on.
+See docs/reliability.md#tensorboard-writes for why not ``SummaryWriter``.
 """
 import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -39,25 +34,22 @@ def _tensorboardx():
 
 
 class TensorBoardLog:
-    """Scalars, images and hyperparameters of one process, as TensorBoard reads them.
+    """Scalars, images and hyperparameters of one process at global optimizer steps.
 
-    Steps are global optimizer steps (the ``step`` of ``metrics.jsonl``). A run resumed at
-    step S opens its file with ``purge_step`` S + 1: TensorBoard's reader then drops the
-    events an interrupted run wrote after S, so the curves continue without duplicated or
-    backwards steps (tensorboardX's ``SummaryWriter(purge_step=...)`` convention: a
-    ``SessionLog.START`` event at that step).
+    A resumed run passes ``purge_step`` S + 1: a ``SessionLog.START`` event there makes
+    TensorBoard hide the earlier files' events at or after it (tensorboardX's convention).
 
     Args:
-        logdir (str): The events' folder (created at the first write).
-        purge_step (int, optional): First step this process writes; events of earlier files
-            at or after it are hidden. None: nothing hidden.
-        logger (logging.Logger): Where the one warning of a failed write goes.
+        logdir: The events' folder (created at the first write).
+        purge_step: First step this process writes; None: nothing hidden.
+        logger: Where the one warning of a failed write goes.
 
     Raises:
         TrackingError: If tensorboardX is not installed.
     """
 
-    def __init__(self, logdir, purge_step=None, logger=LOGGER):
+    def __init__(self, logdir: str, purge_step: int | None = None,
+                 logger: logging.Logger = LOGGER):
         self.summary, self._writer_class, self._event, self._session_log = _tensorboardx()
         self.logdir, self.purge_step, self.logger = logdir, purge_step, logger
         self.writer = None
@@ -86,12 +78,12 @@ class TensorBoardLog:
                                 str(err).splitlines()[0] if str(err) else type(err).__name__)
             self._close_quietly()
 
-    def scalars(self, step, values):
+    def scalars(self, step: int, values: Mapping[str, float | None]) -> None:
         """Write ``{tag: number}`` at ``step`` (None values are skipped)."""
         self._write([self.summary.scalar(tag, float(value)) for tag, value in values.items()
                      if value is not None], step)
 
-    def image(self, tag, step, png_path):
+    def image(self, tag: str, step: int, png_path: str) -> None:
         """Write the PNG file ``png_path`` as image ``tag`` at ``step``."""
         from PIL import Image
         try:
@@ -102,10 +94,9 @@ class TensorBoardLog:
             return
         self._write([self.summary.image(tag, pixels, dataformats="HWC")], step)
 
-    def drawn_image(self, tag, step, draw):
-        """Write the picture ``draw(path)`` saves as a PNG (in a temporary folder, removed after)
-        as image ``tag`` at ``step``. A drawing that fails (matplotlib absent, a write error)
-        logs one warning and no picture is drawn again; scalars go on."""
+    def drawn_image(self, tag: str, step: int, draw: Callable[[str], None]) -> None:
+        """Write the PNG ``draw(path)`` saves (in a temporary folder) as image ``tag``; a failed
+        drawing logs one warning and ends pictures, scalars go on."""
         if self.failed or self.drawing_failed:
             return
         with tempfile.TemporaryDirectory() as folder:
@@ -119,10 +110,10 @@ class TensorBoardLog:
                 return
             self.image(tag, step, path)
 
-    def hparams(self, config, metrics, step):
-        """The run's resolved config as hyperparameters (lists as strings: TensorBoard takes
-        scalars) with its final ``metrics`` (``{tag: number}``), in TensorBoard's HParams
-        dashboard."""
+    def hparams(self, config: Mapping[str, bool | int | float | str | list],
+                metrics: Mapping[str, float | None],
+                step: int) -> None:
+        """The run's config as hyperparameters (lists as strings) with its final ``metrics``."""
         flat = {key: (value if isinstance(value, (bool, int, float, str)) else str(value))
                 for key, value in config.items()}
         metrics = {tag: float(value) for tag, value in metrics.items() if value is not None}
@@ -137,7 +128,7 @@ class TensorBoardLog:
             pass
         self.writer = None
 
-    def close(self):
+    def close(self) -> None:
         """Flush and close the file (nothing happens if nothing was written)."""
         if not self.failed:
             self._close_quietly()
