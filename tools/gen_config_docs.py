@@ -3,12 +3,10 @@
     python tools/gen_config_docs.py           # rewrite docs/configuration.md
     python tools/gen_config_docs.py --check   # exit 1 if the page is out of date (for CI)
 
-``config.yaml`` is the one source of the configuration: its first YAML document gives every key
-with its default, grouped by ``# ---- section ----`` comments, the second the meaning of each key,
-the third the allowed values of keys with a closed set. The page is read through the same
-functions the entry points use (``src/utils/config.py``: ``load_schema``, ``read_sections``), and
-the ranges come from the checks of ``check_values``. A new key goes into config.yaml, then this
-script is run; ``tests/test_config.py`` checks that the committed page is what it writes.
+``config.yaml`` is the one source of the configuration (see the page's "Adding a key"). The page
+is read through the functions the entry points use (``load_schema``, ``read_sections``), its
+ranges from the names ``check_values`` checks (``src/utils/limits.py``); ``tests/test_config.py``
+checks that the committed page is what it writes.
 """
 import argparse
 import os
@@ -27,6 +25,7 @@ from src.utils.config import (  # noqa: E402
     POSITIVE,
     UNIT_INTERVAL,
     UPPER_BOUNDS,
+    ConfigValue,
     load_schema,
     read_sections,
 )
@@ -91,11 +90,11 @@ The "accepts" column gives the key's type (the type of its default) and, where t
 checks them, its allowed values or range."""
 
 
-def format_default(value):
+def format_default(value: ConfigValue) -> str:
     """A default as written in YAML: ``true``, ``""``, ``[0.08, 1.0]``.
 
     Args:
-        value: A default value of config.yaml (bool, int, float, str or list of them).
+        value: A default value of config.yaml.
 
     Returns:
         str: The value's text, without Markdown quoting.
@@ -109,13 +108,13 @@ def format_default(value):
     return str(value)
 
 
-def accepted_values(key, default, choices):
+def accepted_values(key: str, default: ConfigValue, choices: dict[str, list]) -> str:
     """What a key accepts: its type, then its allowed values or range when one is checked.
 
     Args:
-        key (str): Config key.
+        key: Config key.
         default: Its default value, whose type is the key's type.
-        choices (dict[str, list]): Key -> allowed values (config.yaml's third document).
+        choices: Key -> allowed values (config.yaml's third document).
 
     Returns:
         str: E.g. ``integer > 0``, ``number in [0, 1)``, ``one of `GRAPH`, `PYNATIVE```.
@@ -142,26 +141,27 @@ def accepted_values(key, default, choices):
     return kind + (f" at most {UPPER_BOUNDS[key][0]}" if bound else "")
 
 
-def markdown_text(text):
+def markdown_text(text: str) -> str:
     """Escape the characters of plain text that Markdown would read as markup in a table cell:
     ``<`` (HTML tags such as ``<time>``), ``|`` (cell separator), ``*`` (emphasis)."""
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|")
             .replace("*", "\\*"))
 
 
-def anchor(title):
+def anchor(title: str) -> str:
     """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
     kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
     return kept.replace(" ", "-")
 
 
-def section_table(title, keys, defaults, helps, choices):
+def section_table(title: str, keys: list[str], defaults: dict[str, ConfigValue],
+                  helps: dict[str, str], choices: dict[str, list]) -> str:
     """One section of the page: its heading and a table of its keys.
 
     Args:
-        title (str): Section heading.
-        keys (list[str]): The section's keys, in config.yaml order.
-        defaults, helps, choices (dict): config.yaml's three documents (``load_schema``).
+        title: Section heading.
+        keys: The section's keys, in config.yaml order.
+        defaults, helps, choices: config.yaml's three documents (``load_schema``).
 
     Returns:
         str: Markdown of the section.
@@ -174,11 +174,11 @@ def section_table(title, keys, defaults, helps, choices):
     return "\n".join(lines)
 
 
-def render(schema_path=DEFAULT_CONFIG):
+def render(schema_path: str = DEFAULT_CONFIG) -> str:
     """The text of the configuration page for a schema file.
 
     Args:
-        schema_path (str): The schema/defaults file (config.yaml).
+        schema_path: The schema/defaults file (config.yaml).
 
     Returns:
         str: The whole Markdown page.
@@ -199,7 +199,7 @@ def render(schema_path=DEFAULT_CONFIG):
     return "\n\n".join([INTRO, USAGE, KEYS_INTRO, contents, *tables]) + "\n"
 
 
-def read_page(path):
+def read_page(path: str) -> str | None:
     """The text of an existing page, or None if there is none."""
     if not os.path.isfile(path):
         return None
@@ -207,7 +207,7 @@ def read_page(path):
         return f.read()
 
 
-def write_atomically(path, text):
+def write_atomically(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``,
     so that a reader never sees a half-written page; with the mode of a plain write."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -224,13 +224,13 @@ def write_atomically(path, text):
         raise
 
 
-def display_path(path):
+def display_path(path: str) -> str:
     """A path for messages: relative to the repository root when inside it."""
     path = os.path.abspath(path)
     return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command-line options: ``--check``, ``--config``, ``--output``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
@@ -242,7 +242,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """Write the page, or with ``--check`` compare it with the committed one.
 
     Returns:

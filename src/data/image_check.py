@@ -2,13 +2,13 @@
 with a C++ error or SIGFPE): a JPEG by its headers and end marker, decoded only when they fail,
 any other file decoded with Pillow. See docs/data.md#image-checks.
 """
-import collections
 import contextlib
 import logging
 import os
 import re
 import warnings
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from PIL import Image
 
@@ -93,7 +93,13 @@ def scan_folder(folder: str) -> tuple[list[str], list[str]]:
             sorted(n for n, kind in kinds.items() if kind != "folder"))
 
 
-Listing = collections.namedtuple("Listing", "images not_files skipped folders")
+class Listing(NamedTuple):
+    """A folder's entries by kind (``list_folder``), each a sorted list of names."""
+
+    images: list[str]
+    not_files: list[str]  # "PATH (a folder)": image names that are no image file
+    skipped: list[str]
+    folders: list[str]
 
 
 def list_folder(folder: str, is_image: Callable[[str], bool] | None = None) -> Listing:
@@ -101,8 +107,7 @@ def list_folder(folder: str, is_image: Callable[[str], bool] | None = None) -> L
     ``is_image``, default ``is_image_name``), each part sorted.
 
     Returns:
-        Listing: ``images`` (image files), ``not_files`` (``"PATH (a folder)"`` for image
-        names that are no file), ``skipped`` (other files), ``folders`` (other sub-folders).
+        Listing: image files, image names that are no file, other files, other sub-folders.
 
     Raises:
         ImageFolderError: As ``scan_entries``.

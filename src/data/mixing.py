@@ -44,13 +44,11 @@ class BatchMixer:
         seed: Non-negative seed of the per-batch generators.
 
     Inputs (``__call__(images, labels, batch_info)``):
-        - **images** - float32 (N, 3, H, W), or the list of N (3, H, W) arrays of batching.
-        - **labels** - int (N,) in [0, K).
-        - **batch_info** (mindspore.dataset.BatchInfo) - batch and epoch numbers.
+        float32 images (N, 3, H, W) (or a list of (3, H, W)), int labels (N,) in [0, K), and
+        MindSpore's ``BatchInfo``.
 
     Outputs:
-        tuple(numpy.ndarray, numpy.ndarray): new images float32 (N, 3, H, W) and targets
-        float32 (N, K), rows summing to 1.
+        New images float32 (N, 3, H, W) and targets float32 (N, K), rows summing to 1.
 
     Raises:
         ValueError: For an argument out of its range (both alphas 0 too), images not 4-D,

@@ -40,15 +40,10 @@ def balanced_sample_weights(labels: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 class EpochSampler(ds.Sampler):
-    """Positions into a dataset's rows for each epoch, drawn from (seed, epoch) alone, then
-    sharded; see docs/data.md#unbalanced-classes-class_balance and
-    docs/data.md#repeated-augmentation-aug_repeats.
-
-    Pass ``e`` over all shards is ``indices`` in order, permuted (``shuffle``) or, with
-    ``weights``, drawn with replacement (``WeightedRandomSampler``'s rule), from
-    ``default_rng([seed, SAMPLER_STREAM, e])``; each position is repeated ``repeats`` times in a
-    row (timm's ``RepeatAugSampler``, ``selected_round=0``); shard ``s`` of ``S`` reads
-    positions ``s, s + S, ...`` (``DistributedSampler``'s layout), ``ceil(len(indices) / S)``.
+    """Positions into a dataset's rows for each pass, drawn from (seed, pass) alone: in order,
+    permuted or weighted draws, each repeated ``repeats`` times (timm's ``RepeatAugSampler``),
+    shard ``s`` of ``S`` reading ``s, s + S, ...`` (``DistributedSampler``'s layout),
+    ``ceil(len(indices) / S)`` of them. See docs/data.md#the-epoch-order-epochsampler.
 
     Args:
         indices: int positions of the rows to read.
