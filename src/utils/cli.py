@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from src.utils.errors import UserError
 
@@ -24,7 +25,8 @@ def _raise_stop(signum, frame):
     raise StopSignal(signum)
 
 
-def run_entry_point(main: Callable[[list[str] | None], int], argv: list[str] | None = None):
+def run_entry_point(main: Callable[[list[str] | None], int],
+                    argv: list[str] | None = None) -> NoReturn:
     """Call ``main(argv)`` and exit with its status.
 
     A ``UserError`` prints ``<script>: error: <message>`` on stderr and exits with its

@@ -137,7 +137,7 @@ class _DuplicateKey(Exception):
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader refusing a key given twice in a mapping (merge keys excepted)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
             lines = {}
             for key_node, _ in node.value:

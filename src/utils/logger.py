@@ -13,7 +13,7 @@ class RunLogFile(logging.FileHandler):
 
     error = None
 
-    def handleError(self, record):
+    def handleError(self, record: logging.LogRecord) -> None:
         if self.error is None:
             self.error = sys.exc_info()[1]
 
@@ -29,7 +29,7 @@ def log_file_error(logger: logging.Logger) -> str | None:
 class _Early(logging.handlers.BufferingHandler):
     """Keeps the records logged before the log file exists (start-up), for that file."""
 
-    def shouldFlush(self, record):
+    def shouldFlush(self, record: logging.LogRecord) -> bool:
         return False
 
 
