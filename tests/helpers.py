@@ -153,7 +153,7 @@ def entry_point_in_process(script, cwd=ROOT):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd or ROOT)
         patch.setattr(sys, "argv", [os.path.join(ROOT, script)])
-        patch.setattr(module, "setup_device", mode_and_seed)
+        patch.setattr(device, "setup_device", mode_and_seed)
         try:
             yield module
         finally:

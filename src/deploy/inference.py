@@ -1,17 +1,14 @@
-"""Inference helpers shared by eval.py, export.py and predict.py: loading a .ckpt, .mindir or
-.onnx model as a function of numpy images, and reading images as the eval pipeline does.
-
-A ``.ckpt`` runs in MindSpore (``runtime: mindspore``) or, with ``runtime: onnxruntime``, is
-exported on first use to a temporary dynamic-batch ONNX file (BatchNorms folded, the
-exportable stem max pool: ``src.deploy.exporting``) that ONNX Runtime loads (the folder is
-removed at once): the fast path on CPU (``_checkpoint_onnx_predictor``).
+"""Loading models for eval.py, export.py and predict.py: a checkpoint into a network, a
+.mindir or .onnx file as a function of numpy images (the predictors of
+``src.deploy.formats``), and images read as the eval pipeline reads them.
 """
 import logging
 import os
-import tempfile
+from collections.abc import Callable
 
 import mindspore as ms
 import numpy as np
+from mindspore import nn
 
 from src.data.image_check import (
     IMAGE_EXTENSIONS,
@@ -21,15 +18,15 @@ from src.data.image_check import (
     nested_note,
 )
 from src.data.transforms import create_transforms
-from src.deploy.exporting import SUFFIXES, export_model
-from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
 from src.utils.config import ConfigError
-from src.utils.errors import MissingFileError, UserError, WriteError
-from src.utils.hub import is_pretrained_source
+from src.utils.errors import MissingFileError, UserError
 
 LOGGER = logging.getLogger(__name__)
+
+Forward = Callable[[np.ndarray], np.ndarray]
+"""A model as a function: float32 images (N, 3, H, W) -> float32 logits (N, class_num)."""
 
 
 class ModelFileError(UserError):
@@ -40,27 +37,27 @@ class ModelInputError(UserError, ValueError):
     """Images do not have the input shape an exported model was exported with."""
 
 
-def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_target=None,
-                 stem_pool_pad_mode="pad"):
+def load_network(net_name: str, class_num: int, checkpoint_path: str, *, use_ema: bool = True,
+                 device_target: str | None = None, stem_pool_pad_mode: str = "pad") -> nn.Cell:
     """Build a network, load a checkpoint into it strictly and switch to inference mode.
 
     A log line says whether the checkpoint's weight EMA (``ema_decay`` runs) or its live
     weights were loaded.
 
     Args:
-        net_name (str): Architecture (``resnet18`` .. ``resnet152``).
-        class_num (int): Classifier outputs.
-        checkpoint_path (str): ``.ckpt`` file, or Hub weights (``hf-hub:`` id, safetensors
-            folder or file: ``src.utils.hub``).
-        use_ema (bool): Load the EMA weights when the checkpoint holds them.
-        device_target (str, optional): Picks the stem max-pool form for that device
+        net_name: Architecture (``resnet18`` .. ``resnet152``).
+        class_num: Classifier outputs.
+        checkpoint_path: ``.ckpt`` file, or Hub weights (``hf-hub:`` id, safetensors folder
+            or file: ``src.utils.hub``).
+        use_ema: Load the EMA weights when the checkpoint holds them.
+        device_target: Picks the stem max-pool form for that device
             (``src.models.resnet.STEM_MAX_POOLS``); None: the built form (for ``pad``
             torch's).
-        stem_pool_pad_mode (str): ``pad`` or ``same`` (MindCV's stem pool): the one the
-            checkpoint was trained with (MindCV's checkpoints: ``same``).
+        stem_pool_pad_mode: ``pad`` or ``same`` (MindCV's stem pool): the one the checkpoint
+            was trained with (MindCV's checkpoints: ``same``).
 
     Returns:
-        nn.Cell: The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
+        The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
 
     Raises:
         ConfigError: If ``checkpoint_path`` is empty.
@@ -79,7 +76,7 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
     return net
 
 
-def list_images(image_path):
+def list_images(image_path: str) -> list[str]:
     """An image file, or the images of a folder (sorted), as a list of paths.
 
     A folder is read as eval reads a data folder (one rule with train and eval: MindSpore's
@@ -171,12 +168,12 @@ def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bil
     return np.stack(batch).astype(np.float32)
 
 
-def _require_file(path, kind):
+def _require_file(path: str, kind: str) -> None:
     if not os.path.isfile(path):
         raise MissingFileError(f"{kind} file not found: {path}")
 
 
-def load_mindir(path):
+def load_mindir(path: str) -> nn.GraphCell:
     """A MindIR file as a callable ``nn.GraphCell``.
 
     Raises:
@@ -192,20 +189,19 @@ def load_mindir(path):
     return ms.nn.GraphCell(graph)
 
 
-def declared_shape(dims):
+def declared_shape(dims) -> tuple[int | None, ...] | None:
     """A model's declared input dimensions as a tuple, or None when it declares none; a
     dimension that is not a fixed positive int (symbolic, -1 or 0: dynamic) becomes None
     ("any size")."""
     return tuple(d if isinstance(d, int) and d > 0 else None for d in dims or ()) or None
 
 
-def mindir_input_shape(path):
+def mindir_input_shape(path: str) -> tuple[int | None, ...] | None:
     """The input shape a MindIR file declares (its graph's first input), read from the
     protobuf; None if it cannot be read so (another MindIR layout, an encrypted file).
 
     Returns:
-        tuple or None: e.g. (batch_size, 3, image_size, image_size); None in a dynamic
-        dimension.
+        e.g. (batch_size, 3, image_size, image_size); None in a dynamic dimension.
     """
     try:
         from google.protobuf.message import DecodeError
@@ -221,13 +217,12 @@ def mindir_input_shape(path):
         return None
 
 
-def load_onnx(path):
+def load_onnx(path: str) -> tuple[Forward, tuple[int | None, ...] | None]:
     """An ONNX file in ONNX Runtime (CPU).
 
     Returns:
-        tuple(callable, tuple or None): the model as a function float32 (N, 3, H, W) ->
-        logits, and the input shape it declares (``declared_shape``: a symbolic batch is
-        None).
+        The model as a function (``Forward``), and the input shape it declares
+        (``declared_shape``: a symbolic batch is None).
 
     Raises:
         MissingFileError: If the file does not exist.
@@ -250,19 +245,20 @@ def load_onnx(path):
             declared_shape(declared.shape))
 
 
-def chunks(items, batch_size):
+def chunks(items, batch_size: int):
     """Consecutive slices of at most ``batch_size`` items (of an array or a list)."""
     return (items[start:start + batch_size] for start in range(0, len(items), batch_size))
 
 
-def check_input_shape(shape, declared, kind, path):
+def check_input_shape(shape: tuple[int, ...], declared: tuple[int | None, ...] | None, kind: str,
+                      path: str) -> None:
     """Compare an input's shape with the one a model declares (None: any size there).
 
     Args:
-        shape (tuple(int)): The input's shape, (N, 3, H, W).
-        declared (tuple or None): The model's input shape; None when unknown (no check).
-        kind (str): ``MindIR`` or ``ONNX``, for the message.
-        path (str): The model file, for the message.
+        shape: The input's shape, (N, 3, H, W).
+        declared: The model's input shape; None when unknown (no check).
+        kind: ``MindIR`` or ``ONNX``, for the message.
+        path: The model file, for the message.
 
     Raises:
         ModelInputError: If the rank or a fixed dimension differs; names the file, both
@@ -278,31 +274,32 @@ def check_input_shape(shape, declared, kind, path):
                           f"was exported with (export.py --dynamic_batch true: any batch_size)")
 
 
-def is_shape_inference_error(err):
+def is_shape_inference_error(err: BaseException) -> bool:
     """Whether ``err`` is MindSpore's failure to infer the graph's shapes for an input (the
     error of a MindIR run on images of a size it cannot take)."""
     return isinstance(err, RuntimeError) and "InferPrimitiveShape" in str(err)
 
 
-def batched(forward, batch_size, kind, path, input_shape=None):
+def batched(forward: Forward, batch_size: int, kind: str, path: str,
+            input_shape: tuple[int | None, ...] | None = None) -> Forward:
     """``forward`` (numpy -> numpy) of an exported model: any number of images, run in chunks
     of ``batch_size``. A model that declares a fixed batch takes exactly ``batch_size``
     images: the last chunk is zero-padded, the padding dropped from the result. A model that
     declares a symbolic batch (``dynamic_batch`` exports) gets the last chunk as it is.
 
     Args:
-        forward (callable): float32 (batch_size, 3, H, W) -> logits (batch_size, K); with a
-            symbolic batch (n, 3, H, W) -> (n, K), any n.
-        batch_size (int): The batch size the model was exported with; with a symbolic
-            batch, the images per forward pass (at most).
-        kind (str): ``MindIR`` or ``ONNX``, for messages.
-        path (str): The model file, for messages.
-        input_shape (tuple, optional): The input shape the model declares (None in a
-            dimension: any size). Unknown (None): a MindSpore shape-inference failure of
-            ``forward`` is reported as a shape mismatch.
+        forward: float32 (batch_size, 3, H, W) -> logits (batch_size, K); with a symbolic
+            batch (n, 3, H, W) -> (n, K), any n.
+        batch_size: The batch size the model was exported with; with a symbolic batch, the
+            images per forward pass (at most).
+        kind: ``MindIR`` or ``ONNX``, for messages.
+        path: The model file, for messages.
+        input_shape: The input shape the model declares (None in a dimension: any size).
+            Unknown (None): a MindSpore shape-inference failure of ``forward`` is reported
+            as a shape mismatch.
 
     Returns:
-        callable: float32 (N, 3, H, W) -> logits (N, K), any N.
+        float32 (N, 3, H, W) -> logits (N, K), any N.
 
     Raises:
         ModelInputError: (from the returned function) If the images do not have the model's
@@ -331,177 +328,35 @@ def batched(forward, batch_size, kind, path, input_shape=None):
     return run
 
 
-def _checkpoint_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                          device_target, stem_pool_pad_mode):
-    net = load_network(net_name, class_num, checkpoint_path, use_ema, device_target,
-                       stem_pool_pad_mode)
+def checkpoint_predictor(checkpoint_path: str, *, net_name: str, class_num: int,
+                         batch_size: int, use_ema: bool, device_target: str | None,
+                         stem_pool_pad_mode: str) -> Forward:
+    """A checkpoint (or Hub weights) in MindSpore (``load_network``'s arguments), run
+    ``batch_size`` images at a time."""
+    net = load_network(net_name, class_num, checkpoint_path, use_ema=use_ema,
+                       device_target=device_target, stem_pool_pad_mode=stem_pool_pad_mode)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
                                           for chunk in chunks(images, batch_size)])
 
 
-def _mindir_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                      device_target, stem_pool_pad_mode):
-    del net_name, class_num, use_ema, device_target, stem_pool_pad_mode  # the graph holds them
+def mindir_predictor(checkpoint_path: str, *, batch_size: int, **network) -> Forward:
+    """A ``.mindir`` in ``nn.GraphCell``, run in chunks of ``batch_size`` (``batched``); the
+    ``network`` arguments are unused (the graph holds them)."""
+    del network
     graph = load_mindir(checkpoint_path)
     return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), batch_size, "MindIR",
                    checkpoint_path, mindir_input_shape(checkpoint_path))
 
 
-def _onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                    device_target, stem_pool_pad_mode):
-    del net_name, class_num, use_ema, device_target, stem_pool_pad_mode  # the graph holds them
+def onnx_predictor(checkpoint_path: str, *, batch_size: int, **network) -> Forward:
+    """An ``.onnx`` in ONNX Runtime, run in chunks of ``batch_size`` (``batched``); the
+    ``network`` arguments are unused (the graph holds them)."""
+    del network
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
 
 
-def onnx_of_network(net, image_shape):
-    """``net`` in ONNX Runtime: exported with a symbolic batch (``export_model``, which also
-    gives it the exportable stem max pool) to a temporary folder that is removed once ONNX
-    Runtime has loaded the file, whatever happens.
-
-    Args:
-        net (nn.Cell): The network in inference mode (BatchNorms folded or not).
-        image_shape (tuple(int)): (3, H, W) of the images it will get.
-
-    Returns:
-        callable: float32 (n, 3, H, W) -> float32 logits (n, K), any n (``load_onnx``).
-
-    Raises:
-        WriteError: If no ONNX file could be written (a full disk: MindSpore's exporter only
-            logs the failure); names the temporary folder's parent.
-    """
-    with tempfile.TemporaryDirectory(prefix="resnet-onnx-") as folder:
-        path = os.path.join(folder, "model")
-        export_model(net, ms.Tensor(np.zeros((2, *image_shape), np.float32)), path, "ONNX",
-                     dynamic_batch=True)
-        path += SUFFIXES["ONNX"]
-        if not os.path.isfile(path) or os.path.getsize(path) == 0:
-            raise WriteError(f"runtime onnxruntime: could not write the temporary ONNX file in "
-                             f"{tempfile.gettempdir()} (disk full? MindSpore's log above may "
-                             f"say more)")
-        forward, _ = load_onnx(path)
-    return forward
-
-
-def _checkpoint_onnx_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema,
-                               device_target, stem_pool_pad_mode):
-    """``runtime: onnxruntime``: the checkpoint's network with every BatchNorm folded
-    (``fold_batchnorm``), exported to ONNX at the first call for the images' (3, H, W)
-    (``onnx_of_network``) and run in ONNX Runtime, ``batch_size`` images per run, the last
-    run as short as it is (symbolic batch)."""
-    del device_target  # CPU (check_runtime); the graph gets the exportable stem pool
-    net = load_network(net_name, class_num, checkpoint_path, use_ema, None, stem_pool_pad_mode)
-    folded = fold_batchnorm(net)
-    sessions = {}
-
-    def run(images):
-        shape = tuple(images.shape[1:])
-        if shape not in sessions:
-            sessions[shape] = onnx_of_network(net, shape)
-            LOGGER.info("%s: runtime onnxruntime: exported to ONNX for input (batch, %s) with "
-                        "%d BatchNorms folded, running in ONNX Runtime", checkpoint_path,
-                        ", ".join(map(str, shape)), folded)
-        return np.concatenate([sessions[shape](chunk) for chunk in chunks(images, batch_size)])
-    return run
-
-
-PREDICTORS = {".ckpt": _checkpoint_predictor, ".mindir": _mindir_predictor,
-              ".onnx": _onnx_predictor}
-"""The function that loads each kind of model file (``runtime: mindspore``; ONNX Runtime for
-an ``.onnx``)."""
-
-RUNTIMES = ("mindspore", "onnxruntime")
-"""Values of ``runtime``: what runs a ``.ckpt``."""
-
-
-def model_suffix(checkpoint_path):
-    """The kind of model file by suffix: ``.ckpt`` for weights in any form (a ``.ckpt``, an
-    ``hf-hub:`` id, a safetensors folder or file: ``src.utils.hub``), else the suffix."""
-    if is_pretrained_source(checkpoint_path):
-        return ".ckpt"
-    return os.path.splitext(checkpoint_path)[1]
-
-
-def model_runtime(checkpoint_path, runtime="mindspore"):
-    """The runtime that runs a model file: ``onnxruntime`` for an ``.onnx``, ``mindspore``
-    for a ``.mindir``, ``runtime`` for a ``.ckpt`` (for the output of eval and predict).
-
-    Returns:
-        str: ``mindspore`` or ``onnxruntime``.
-    """
-    return {".onnx": "onnxruntime", ".mindir": "mindspore"}.get(model_suffix(checkpoint_path),
-                                                                  runtime)
-
-
-def check_runtime(checkpoint_path, runtime, device_target=None):
-    """Check ``runtime`` against the model file and the device before any slow work.
-
-    Args:
-        checkpoint_path (str): The model file (``.ckpt``, ``.mindir``, ``.onnx``).
-        runtime (str): ``mindspore`` or ``onnxruntime`` (``RUNTIMES``).
-        device_target (str, optional): ``CPU``, ``GPU`` or ``Ascend``; None: not checked.
-
-    Raises:
-        ConfigError: If ``runtime`` is not in ``RUNTIMES``; if it is ``onnxruntime`` with a
-            ``device_target`` other than CPU (the onnxruntime package of requirements.txt is
-            ONNX Runtime's CPU build) or with a ``.mindir`` (MindSpore's own format). Names
-            the keys, their values and what to pass instead.
-    """
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    if runtime != "onnxruntime":
-        return
-    if device_target not in (None, "CPU"):
-        raise ConfigError(f"runtime onnxruntime runs on the CPU (the onnxruntime package of "
-                          f"requirements.txt is ONNX Runtime's CPU build) but device_target is "
-                          f"{device_target}: pass --device_target CPU, or --runtime mindspore")
-    if os.path.splitext(checkpoint_path)[1] == SUFFIXES["MINDIR"]:
-        raise ConfigError(f"runtime onnxruntime cannot run checkpoint_path {checkpoint_path!r}: "
-                          f"a .mindir runs in MindSpore only; pass --runtime mindspore, or the "
-                          f".ckpt (exported to ONNX on the fly) or an .onnx export")
-
-
-def load_predictor(checkpoint_path, net_name, class_num, batch_size, use_ema=True,
-                   device_target=None, stem_pool_pad_mode="pad", runtime="mindspore"):
-    """A model file as a function: float32 numpy images (N, 3, image_size, image_size),
-    preprocessed as in eval -> float32 numpy logits (N, class_num), any N.
-
-    Args:
-        checkpoint_path (str): ``.ckpt`` or Hub weights (``hf-hub:`` id, safetensors folder
-            or file), run in MindSpore, or ONNX Runtime with ``runtime``; ``.mindir``
-            (``nn.GraphCell``) or ``.onnx`` (ONNX Runtime).
-        net_name (str): ``.ckpt`` only: the architecture.
-        class_num (int): ``.ckpt`` only: the classifier outputs.
-        batch_size (int): Images per forward pass, at most. An exported model with a fixed
-            batch takes exactly the batch size it was exported with: give that one; any N
-            is run in such chunks. One exported with ``dynamic_batch`` takes any.
-        use_ema (bool): ``.ckpt`` only: its EMA weights when it holds them.
-        device_target (str, optional): ``.ckpt`` only: the stem max-pool form
-            (``load_network``); with ``runtime`` onnxruntime it must be CPU or None.
-        stem_pool_pad_mode (str): ``.ckpt`` only: ``pad`` or ``same`` (``load_network``).
-        runtime (str): ``.ckpt`` only: ``mindspore``, or ``onnxruntime``: exported to a
-            temporary ONNX file at the first call (``_checkpoint_onnx_predictor``). An
-            ``.onnx`` runs in ONNX Runtime with either value; a ``.mindir`` needs
-            ``mindspore``.
-
-    Raises:
-        ConfigError: If the suffix is none of these (names the file), or ``runtime`` does
-            not fit the file or ``device_target`` (``check_runtime``).
-        MissingFileError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
-            ``load_onnx``.
-    """
-    suffix = model_suffix(checkpoint_path)
-    if suffix not in PREDICTORS:
-        raise ConfigError(f"checkpoint_path {checkpoint_path!r}: expected a "
-                          f"{', '.join(PREDICTORS)} file")
-    check_runtime(checkpoint_path, runtime, device_target)
-    load = (_checkpoint_onnx_predictor if suffix == ".ckpt" and runtime == "onnxruntime"
-            else PREDICTORS[suffix])
-    return load(checkpoint_path, net_name, class_num, batch_size, use_ema, device_target,
-                stem_pool_pad_mode)
-
-
-def softmax(logits):
+def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax of a float array (N, K), numerically stable."""
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     return shifted / shifted.sum(axis=1, keepdims=True)
