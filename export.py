@@ -78,7 +78,7 @@ SECTIONS = ("network", "data", "device", "model file", "export")
 LOGGER = logging.getLogger("export")
 
 
-def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False):
+def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=False):
     """Export ``net`` as float32 ONNX into a temporary folder beside ``out_path``, then
     quantize it to ``out_path`` (``src.deploy.quantize.export_int8``), calibrated on the image
     paths ``calibration``, with 7-bit weights if ``reduce_range`` (``reduce_range_for``); with
@@ -93,11 +93,11 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False)
                     cfg.exif_transpose)
 
 
-def export_checked(net, dummy, cfg, calibration, reduce_range=False):
+def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
     """Export to a temporary name in the target folder, load the result back
-    (``check_exported``), then rename it over ``file_name`` + suffix: on any failure the
-    earlier file of that name is left as it was. With ``calibration`` (image paths) the
-    export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
+    (``src.deploy.formats.check_exported``), then rename it over ``file_name`` + suffix: on
+    any failure the earlier file of that name is left as it was. With ``calibration`` (image
+    paths) the export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
 
     Returns:
         str: The exported file.
@@ -113,7 +113,7 @@ def export_checked(net, dummy, cfg, calibration, reduce_range=False):
         try:
             if calibration:
                 export_int8_onnx(net, dummy, cfg, calibration, partial + ".onnx",
-                                 reduce_range)
+                                 reduce_range=reduce_range)
             else:
                 formats.export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
         except OSError as err:
@@ -233,7 +233,7 @@ def export_locked(cfg):
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
     reduce_range = bool(calibration) and reduce_range_for(cfg.quantize_reduce_range)
-    final = export_checked(net, dummy, cfg, calibration, reduce_range)
+    final = export_checked(net, dummy, cfg, calibration, reduce_range=reduce_range)
     int8 = (f"int8 (static QDQ, {7 if reduce_range else 8}-bit weights: quantize_reduce_range "
             f"{cfg.quantize_reduce_range}) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")

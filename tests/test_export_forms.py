@@ -6,10 +6,11 @@ import pytest
 
 import export
 from src.deploy import inference
-from src.deploy.formats import AIR_NOTE, SUFFIXES, export_model
+from src.deploy.formats import AIR_NOTE, FORMATS, SUFFIXES, export_model
 from src.models.resnet import MaxPoolPad1, create_network
 from src.utils import device
 from src.utils.cli import run_entry_point
+from src.utils.config import load_schema
 
 ARGS = ["--config_path", "configs/resnet18_cifar10.yaml", "--batch_size", "2",
         "--eval_image_size", "32", "--fold_bn", "false"]
@@ -78,3 +79,10 @@ def test_no_note_for_mindir(monkeypatch, capsys):
                                       "missing.ckpt"])
     assert stop.value.code == 2
     assert "deprecated" not in capsys.readouterr().err
+
+
+def test_the_file_format_choices_are_the_registered_formats():
+    """config.yaml's ``file_format`` choices and ``src.deploy.formats.FORMATS`` name the same
+    formats: a format added to one is added to the other."""
+    _, _, choices = load_schema()
+    assert sorted(choices["file_format"]) == sorted(FORMATS)

@@ -1,10 +1,6 @@
-"""Writers of exported model files (ONNX, MindIR, AIR), one per format of
-``src.deploy.formats.FORMATS``, and the batch dimension a written file declares.
-
-Each writer traces a network on a dummy batch and writes ``path`` (the file name with its
-suffix), with a fixed or a symbolic (dynamic) batch dimension. Why each format gets the
-exportable stem max pool, and how MindSpore 2.10 declares a dynamic batch: see
-docs/deployment.md#graph-forms and docs/deployment.md#dynamic-batch.
+"""Writers of exported model files, one per format of ``src.deploy.formats.FORMATS``, and
+the batch dimension a written file declares. Graph forms and dynamic batch:
+docs/deployment.md#export, docs/deployment.md#dynamic-batch.
 """
 import mindspore as ms
 from mindspore import nn
@@ -18,15 +14,8 @@ BATCH_AXIS = "batch"
 
 
 def write_onnx(net: nn.Cell, dummy: ms.Tensor, path: str, dynamic_batch: bool) -> None:
-    """Write ``net`` traced on ``dummy`` as ONNX (``mindspore.onnx.export``), input ``image``,
-    output ``logits``, with the exportable stem max pool (the exporter rejects
-    MaxPool3DWithArgmax). With ``dynamic_batch`` the batch is ``batch`` in the input and the
-    output (``declare_dynamic_batch``).
-
-    Raises:
-        OSError, RuntimeError: As MindSpore's exporter (a failed write is only logged: the
-            caller checks the file).
-    """
+    """``net`` traced on ``dummy`` as ONNX at ``path`` (input ``image``, output ``logits``,
+    the exportable stem max pool); a failed write is only logged by MindSpore."""
     use_exportable_max_pool(net)
     ms.onnx.export(net, dummy, file_name=path, input_names=[INPUT_NAME],
                    output_names=[OUTPUT_NAME],
@@ -36,13 +25,8 @@ def write_onnx(net: nn.Cell, dummy: ms.Tensor, path: str, dynamic_batch: bool) -
 
 
 def write_mindir(net: nn.Cell, dummy: ms.Tensor, path: str, dynamic_batch: bool) -> None:
-    """Write ``net`` traced on ``dummy`` as MindIR, the network as built; with
-    ``dynamic_batch`` traced on (None, 3, H, W) with the exportable stem max pool (the file
-    declares a batch of -1; see docs/deployment.md#dynamic-batch).
-
-    Raises:
-        OSError, RuntimeError: As ``mindspore.export``.
-    """
+    """``net`` traced on ``dummy`` as MindIR at ``path``, as built; with ``dynamic_batch``
+    traced on (None, 3, H, W) with the exportable stem max pool."""
     if dynamic_batch:
         use_exportable_max_pool(net)
         dummy = ms.Tensor(shape=[None, *dummy.shape[1:]], dtype=dummy.dtype)
@@ -50,30 +34,17 @@ def write_mindir(net: nn.Cell, dummy: ms.Tensor, path: str, dynamic_batch: bool)
 
 
 def write_air(net: nn.Cell, dummy: ms.Tensor, path: str, dynamic_batch: bool) -> None:
-    """Write ``net`` traced on ``dummy`` as AIR (Ascend), with the exportable stem max pool
-    (AI Core kernels; see docs/deployment.md#graph-forms). No dynamic batch.
-
-    Raises:
-        OSError, RuntimeError: As ``mindspore.export``.
-    """
-    del dynamic_batch  # refused before (``src.deploy.formats.export_model``)
+    """``net`` traced on ``dummy`` as AIR (Ascend) at ``path``, the exportable stem max
+    pool."""
+    del dynamic_batch  # not supported: refused by ``src.deploy.formats.export_model``
     use_exportable_max_pool(net)
     ms.export(net, dummy, file_name=path, file_format="AIR")
 
 
 def declare_dynamic_batch(path: str) -> int:
-    """Declare the first dimension of every output of an ONNX file symbolic, in place, when
-    its input's is: MindSpore 2.10 declares the output with the traced batch even with
-    ``dynamic_axes``. A file that already does, whose input batch is fixed, or that is
-    missing or does not parse (a failed write: the caller's load check names it) is left as
-    it was.
-
-    Returns:
-        The number of output dimensions rewritten.
-
-    Raises:
-        OSError: If the rewritten file cannot be written.
-    """
+    """Declare every output's batch of an ONNX file symbolic, in place, when its input's is
+    (MindSpore 2.10 declares the traced one); a missing or unparsable file is left to the
+    load check. Returns the number of dimensions rewritten; OSError if it cannot write."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -97,12 +68,7 @@ def declare_dynamic_batch(path: str) -> int:
 
 
 def onnx_batch_dims(path: str) -> tuple[int | None, int | None]:
-    """The batch dimension an ONNX file declares for its first input and first output, read
-    from the file: an int, or None when symbolic (``dim_param``).
-
-    Raises:
-        OSError, google.protobuf.message.DecodeError: If the file cannot be read or parsed.
-    """
+    """The (input, output) batch an ONNX file declares: an int, or None when symbolic."""
     import onnx
 
     graph = onnx.load(path, load_external_data=False).graph
@@ -111,12 +77,8 @@ def onnx_batch_dims(path: str) -> tuple[int | None, int | None]:
 
 
 def mindir_batch_dims(path: str) -> tuple[int | None, int | None]:
-    """The batch dimension a MindIR file declares for its first input and first output, read
-    from the protobuf: an int, or None when symbolic (-1) or not declared (-2: any rank).
-
-    Raises:
-        OSError, google.protobuf.message.DecodeError: If the file cannot be read or parsed.
-    """
+    """The (input, output) batch a MindIR file declares: an int, or None when symbolic (-1)
+    or not declared (-2: any rank)."""
     from mindspore.train.mind_ir_pb2 import ModelProto
 
     model = ModelProto()

@@ -1,11 +1,7 @@
 """The model file formats, one registry entry each: what export.py writes (``FORMATS``, by
 ``file_format``) and what eval.py and predict.py read (``READERS``, by suffix, with the
-``.ckpt``). An entry names the file suffix, the writer, the load-back check, whether a
-dynamic batch is supported and the predictor per runtime that runs the file; everything
-below derives from it. A new format is one entry here (with its writer in
-``src.deploy.exporting`` and, if eval and predict read it, its predictor in
-``src.deploy.inference``) and its name in config.yaml's ``file_format`` choices. See
-docs/deployment.md#model-file-formats.
+``.ckpt``): suffix, writer, load-back check, dynamic batch, predictor per runtime. Everything
+format-dependent derives from it; a new format: docs/deployment.md#model-file-formats.
 """
 import logging
 import os
@@ -42,36 +38,25 @@ from src.utils.hub import is_pretrained_source
 LOGGER = logging.getLogger(__name__)
 
 Writer = Callable[[nn.Cell, ms.Tensor, str, bool], None]
-"""``write(net, dummy, path, dynamic_batch)``: ``net`` traced on ``dummy`` written to
-``path`` (suffix included)."""
+"""``write(net, dummy, path, dynamic_batch)``, ``path`` with its suffix."""
 Predictor = Callable[..., Forward]
-"""``predictor(path, *, net_name, class_num, batch_size, use_ema, device_target,
-stem_pool_pad_mode)`` -> the model file as a ``Forward``."""
+"""``predictor(path, **load_predictor's keywords)``."""
 
 RUNTIMES = ("mindspore", "onnxruntime")
 """Values of ``runtime``: what runs a ``.ckpt``; the first is the default."""
 
 AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in a future "
             "version); it is kept while it works on Ascend, MINDIR is the path forward")
-"""Printed (stderr) whenever file_format AIR is chosen; MindSpore itself logs a warning."""
+"""Printed (stderr) when file_format AIR is chosen; MindSpore itself logs a warning."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelFormat:
-    """One model file format.
-
-    Attributes:
-        suffix: The file's suffix (``""``: a folder).
-        write: Writes it (``Writer``); None: not written by ``export_model``.
-        check: Loads a written file back, raising on failure; None: present and not empty
-            is all that is checked.
-        dynamic_batch: Whether ``dynamic_batch`` can declare its batch symbolic.
-        batch_dims: Reads the (input, output) batch a file declares (``dynamic_batch``).
-        predictors: The predictor per runtime that runs the file (eval.py, predict.py);
-            one runtime: it runs there whatever ``runtime`` says.
-        devices: The only ``device_target`` values it exports on; empty: any.
-        note: Printed (stderr) when it is chosen.
-    """
+    """One model file format: its ``suffix`` (``""``: a folder), ``write`` (None: not by
+    ``export_model``), load-back ``check`` (None: a non-empty file is enough),
+    ``dynamic_batch`` support and ``batch_dims`` reader, ``predictors`` by runtime (a single
+    one runs the file whatever ``runtime`` says), export ``devices`` (empty: any) and a
+    ``note`` printed when chosen."""
 
     suffix: str
     write: Writer | None = None
@@ -89,7 +74,7 @@ class ModelFormat:
 
 
 def check_onnx(path: str) -> None:
-    """The ONNX checker, then an ONNX Runtime session (``load_onnx``)."""
+    """The ONNX checker, then an ONNX Runtime session."""
     import onnx
 
     onnx.checker.check_model(path)
@@ -99,9 +84,8 @@ def check_onnx(path: str) -> None:
 def checkpoint_onnx_predictor(checkpoint_path: str, *, net_name: str, class_num: int,
                               batch_size: int, use_ema: bool, device_target: str | None,
                               stem_pool_pad_mode: str) -> Forward:
-    """``runtime: onnxruntime``: the checkpoint's network with every BatchNorm folded,
-    exported to ONNX at the first call for the images' (3, H, W) (``onnx_of_network``) and
-    run in ONNX Runtime, ``batch_size`` images per run, the last as short as it is."""
+    """``runtime: onnxruntime``: the checkpoint's network, BatchNorms folded, exported to ONNX
+    per image shape at first use (``onnx_of_network``), ``batch_size`` images per run."""
     del device_target  # CPU (check_runtime); the graph gets the exportable stem pool
     net = load_network(net_name, class_num, checkpoint_path, use_ema=use_ema,
                        device_target=None, stem_pool_pad_mode=stem_pool_pad_mode)
@@ -130,9 +114,9 @@ FORMATS: dict[str, ModelFormat] = {
 }
 """The export formats by ``file_format`` (config.yaml's choices)."""
 
-CHECKPOINT = ModelFormat(suffix=".ckpt", predictors={"mindspore": checkpoint_predictor,
-                                              "onnxruntime": checkpoint_onnx_predictor})
-"""Weights in any form (a ``.ckpt``, Hub weights: ``model_suffix``); read, not exported."""
+CHECKPOINT = ModelFormat(suffix=".ckpt", predictors={
+    "mindspore": checkpoint_predictor, "onnxruntime": checkpoint_onnx_predictor})
+"""Weights in any form (``model_suffix``); read, not exported."""
 
 SUFFIXES = {name: f.suffix for name, f in FORMATS.items() if f.write}
 """File suffix per ``file_format`` written to a file."""
@@ -147,21 +131,13 @@ READERS = {f.suffix: f for f in sorted((CHECKPOINT, *FORMATS.values()), key=lamb
 
 def export_model(net: nn.Cell, dummy: ms.Tensor, file_name: str, file_format: str,
                  dynamic_batch: bool = False) -> None:
-    """Write ``net`` traced on ``dummy`` to ``file_name`` + the format's suffix with the
-    format's writer (which may give ``net`` the exportable stem max pool, in place).
-
-    Args:
-        net: The network in inference mode (BatchNorms folded or not).
-        dummy: float32 (batch_size, 3, H, W): the traced input; with ``dynamic_batch`` only
-            its (3, H, W) and dtype are kept.
-        file_name: The output file without suffix.
-        file_format: A key of ``FORMATS`` with a writer.
-        dynamic_batch: Declare the batch dimension symbolic in the input and the output.
+    """Write ``net`` (inference mode; may get the exportable stem max pool, in place) traced
+    on ``dummy``, float32 (batch_size, 3, H, W), to ``file_name`` + the suffix of
+    ``file_format``; ``dynamic_batch``: a symbolic batch in the input and the output.
 
     Raises:
         ValueError: If ``dynamic_batch`` is asked for a format without it.
-        OSError, RuntimeError: As MindSpore's exporters (a failed ONNX write is only logged:
-            ``check_exported`` checks the file).
+        OSError, RuntimeError: As MindSpore's exporters (``check_exported`` checks the file).
     """
     fmt = FORMATS[file_format]
     if dynamic_batch and not fmt.dynamic_batch:
@@ -171,14 +147,8 @@ def export_model(net: nn.Cell, dummy: ms.Tensor, file_name: str, file_format: st
 
 
 def check_exported(path: str, file_format: str, dynamic_batch: bool = False) -> None:
-    """Load an exported file back, as eval.py and predict.py would (the format's ``check``);
-    with ``dynamic_batch`` its input and output must declare a symbolic batch.
-
-    Raises:
-        WriteError: Naming the file and why it is not a usable model (MindSpore's ONNX
-            exporter logs a failed write, removes the file and returns normally; a failed
-            MindIR write leaves a file cut short), or which declared batch is fixed.
-    """
+    """Load an exported file back (the format's ``check``); with ``dynamic_batch`` it must
+    declare a symbolic batch. WriteError: why it is not usable, or which batch is fixed."""
     fmt = FORMATS[file_format]
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         raise WriteError(f"export wrote no {file_format} file (disk full, or the folder not "
@@ -197,13 +167,8 @@ def check_exported(path: str, file_format: str, dynamic_batch: bool = False) -> 
 
 
 def declared_batch_dims(path: str) -> tuple[int | None, int | None]:
-    """The batch dimension an exported file declares for its first input and first output
-    (the format's ``batch_dims``, by suffix): an int, or None when symbolic.
-
-    Raises:
-        ValueError: If no format with ``batch_dims`` has the file's suffix.
-        OSError, google.protobuf.message.DecodeError: If the file cannot be read or parsed.
-    """
+    """The (input, output) batch an exported file declares (its format's ``batch_dims``):
+    an int, or None when symbolic. ValueError for a suffix without a reader."""
     readable = [f for f in FORMATS.values() if f.batch_dims]
     for fmt in readable:
         if path.endswith(fmt.suffix):
@@ -212,21 +177,9 @@ def declared_batch_dims(path: str) -> tuple[int | None, int | None]:
 
 
 def onnx_of_network(net: nn.Cell, image_shape: tuple[int, int, int]) -> Forward:
-    """``net`` in ONNX Runtime: exported with a symbolic batch (``export_model``) to a
-    temporary folder that is removed once ONNX Runtime has loaded the file, whatever happens.
-
-    Args:
-        net: The network in inference mode (BatchNorms folded or not); gets the exportable
-            stem max pool.
-        image_shape: (3, H, W) of the images it will get.
-
-    Returns:
-        float32 (n, 3, H, W) -> float32 logits (n, K), any n (``load_onnx``).
-
-    Raises:
-        WriteError: If no ONNX file could be written (a full disk: MindSpore's exporter only
-            logs the failure); names the temporary folder's parent.
-    """
+    """``net`` in ONNX Runtime for images (n, 3, H, W) of ``image_shape`` (3, H, W), any n:
+    exported with a symbolic batch to a temporary folder, removed once loaded. WriteError if
+    no file could be written."""
     with tempfile.TemporaryDirectory(prefix="resnet-onnx-") as folder:
         path = os.path.join(folder, "model")
         export_model(net, ms.Tensor(np.zeros((2, *image_shape), np.float32)), path, "ONNX",
@@ -241,33 +194,24 @@ def onnx_of_network(net: nn.Cell, image_shape: tuple[int, int, int]) -> Forward:
 
 
 def model_suffix(checkpoint_path: str) -> str:
-    """The kind of model file by suffix: ``.ckpt`` for weights in any form (a ``.ckpt``, an
-    ``hf-hub:`` id, a safetensors folder or file: ``src.utils.hub``), else the suffix."""
+    """A model file's suffix; ``.ckpt`` for weights in any form (``src.utils.hub``)."""
     if is_pretrained_source(checkpoint_path):
         return CHECKPOINT.suffix
     return os.path.splitext(checkpoint_path)[1]
 
 
 def model_runtime(checkpoint_path: str, runtime: str = RUNTIMES[0]) -> str:
-    """The runtime that runs a model file: the format's own (``fixed_runtime``), else
-    ``runtime`` (a ``.ckpt``); for the output of eval and predict."""
+    """The runtime that runs a model file: its format's own, else ``runtime`` (a ``.ckpt``)."""
     fmt = READERS.get(model_suffix(checkpoint_path))
     return (fmt and fmt.fixed_runtime) or runtime
 
 
 def check_runtime(checkpoint_path: str, runtime: str, device_target: str | None = None) -> None:
-    """Check ``runtime`` against the model file and the device before any slow work.
-
-    Args:
-        checkpoint_path: The model file (``.ckpt``, ``.mindir``, ``.onnx``).
-        runtime: A value of ``RUNTIMES``.
-        device_target: ``CPU``, ``GPU`` or ``Ascend``; None: not checked.
+    """Check ``runtime`` against the model file and ``device_target`` (None: not checked).
 
     Raises:
-        ConfigError: If ``runtime`` is not in ``RUNTIMES``; if it is ``onnxruntime`` with a
-            ``device_target`` other than CPU (the onnxruntime package of requirements.txt is
-            ONNX Runtime's CPU build) or with a file it cannot run (a ``.mindir``). Names the
-            keys, their values and what to pass instead.
+        ConfigError: If ``runtime`` is not in ``RUNTIMES``, or is ``onnxruntime`` off the CPU
+            or with a file it cannot run (a ``.mindir``).
     """
     if runtime not in RUNTIMES:
         raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
@@ -287,31 +231,12 @@ def check_runtime(checkpoint_path: str, runtime: str, device_target: str | None 
 def load_predictor(checkpoint_path: str, net_name: str, class_num: int, batch_size: int, *,
                    use_ema: bool = True, device_target: str | None = None,
                    stem_pool_pad_mode: str = "pad", runtime: str = RUNTIMES[0]) -> Forward:
-    """A model file as a function: float32 numpy images (N, 3, image_size, image_size),
-    preprocessed as in eval -> float32 numpy logits (N, class_num), any N: the predictor of
-    its format (``READERS``) for ``runtime``.
-
-    Args:
-        checkpoint_path: A ``.ckpt`` or Hub weights (``hf-hub:`` id, safetensors folder or
-            file), a ``.mindir`` or an ``.onnx``.
-        net_name: ``.ckpt`` only: the architecture.
-        class_num: ``.ckpt`` only: the classifier outputs.
-        batch_size: Images per forward pass, at most. An exported model with a fixed batch
-            takes exactly the batch size it was exported with: give that one; any N is run
-            in such chunks. One exported with ``dynamic_batch`` takes any.
-        use_ema: ``.ckpt`` only: its EMA weights when it holds them.
-        device_target: ``.ckpt`` only: the stem max-pool form (``load_network``); with
-            ``runtime`` onnxruntime it must be CPU or None.
-        stem_pool_pad_mode: ``.ckpt`` only: ``pad`` or ``same`` (``load_network``).
-        runtime: ``.ckpt`` only: ``mindspore``, or ``onnxruntime``: exported to a temporary
-            ONNX file at the first call (``checkpoint_onnx_predictor``). An ``.onnx`` runs in
-            ONNX Runtime with either value; a ``.mindir`` needs ``mindspore``.
+    """A model file of ``READERS`` as a ``Forward`` over images preprocessed as in eval: its
+    format's predictor for ``runtime``. ``batch_size``: images per pass, at most (a
+    fixed-batch export needs its own); the network keys apply to a ``.ckpt`` only.
 
     Raises:
-        ConfigError: If the suffix is none of these (names the file), or ``runtime`` does
-            not fit the file or ``device_target`` (``check_runtime``).
-        MissingFileError, CheckpointMismatchError: As ``load_network`` / ``load_mindir`` /
-            ``load_onnx``.
+        ConfigError: For another suffix, or a ``runtime`` that does not fit (``check_runtime``).
     """
     fmt = READERS.get(model_suffix(checkpoint_path))
     if fmt is None:

@@ -1,7 +1,5 @@
-"""Loading models for eval.py, export.py and predict.py: a checkpoint into a network, a
-.mindir or .onnx file as a function of numpy images (the predictors of
-``src.deploy.formats``), and images read as the eval pipeline reads them.
-"""
+"""Loading models for eval.py, export.py and predict.py (a checkpoint into a network; the
+predictors of ``src.deploy.formats``), and images read as the eval pipeline reads them."""
 import logging
 import os
 from collections.abc import Callable
@@ -39,30 +37,16 @@ class ModelInputError(UserError, ValueError):
 
 def load_network(net_name: str, class_num: int, checkpoint_path: str, *, use_ema: bool = True,
                  device_target: str | None = None, stem_pool_pad_mode: str = "pad") -> nn.Cell:
-    """Build a network, load a checkpoint into it strictly and switch to inference mode.
+    """A network with a checkpoint loaded strictly, in inference mode: float32 (N, 3, H, W)
+    -> logits (N, class_num); a log line says whether its EMA or live weights were loaded.
 
-    A log line says whether the checkpoint's weight EMA (``ema_decay`` runs) or its live
-    weights were loaded.
-
-    Args:
-        net_name: Architecture (``resnet18`` .. ``resnet152``).
-        class_num: Classifier outputs.
-        checkpoint_path: ``.ckpt`` file, or Hub weights (``hf-hub:`` id, safetensors folder
-            or file: ``src.utils.hub``).
-        use_ema: Load the EMA weights when the checkpoint holds them.
-        device_target: Picks the stem max-pool form for that device
-            (``src.models.resnet.STEM_MAX_POOLS``); None: the built form (for ``pad``
-            torch's).
-        stem_pool_pad_mode: ``pad`` or ``same`` (MindCV's stem pool): the one the checkpoint
-            was trained with (MindCV's checkpoints: ``same``).
-
-    Returns:
-        The network in inference mode: float32 (N, 3, H, W) -> logits (N, class_num).
+    ``checkpoint_path``: a ``.ckpt`` or Hub weights (``src.utils.hub``); ``device_target``
+    picks the stem max-pool form (None: as built); ``stem_pool_pad_mode`` ``same`` for
+    MindCV's checkpoints.
 
     Raises:
-        ConfigError: If ``checkpoint_path`` is empty.
-        MissingFileError: If the checkpoint does not exist.
-        CheckpointMismatchError: If the checkpoint is of another depth or class count.
+        ConfigError, MissingFileError, CheckpointMismatchError: If ``checkpoint_path`` is
+            empty, missing, or of another network.
     """
     if not checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
@@ -77,21 +61,12 @@ def load_network(net_name: str, class_num: int, checkpoint_path: str, *, use_ema
 
 
 def list_images(image_path: str) -> list[str]:
-    """An image file, or the images of a folder (sorted), as a list of paths.
-
-    A folder is read as eval reads a data folder (one rule with train and eval: MindSpore's
-    ImageFolderDataset reads only the files directly in a class folder): the images directly
-    in it and, when it holds sub-folders (a class-folder root), those directly in each of
-    them. Folders below that are skipped with one warning counting them and their images.
-    The image extensions (``IMAGE_EXTENSIONS``) match in any case (``.Jpg`` too: Pillow reads
-    them); the other files, and hidden ones, are skipped with one warning that counts them by
-    extension.
+    """An image file, or the images of a folder (sorted), as a list of paths: those directly
+    in it and in its sub-folders, as eval reads a data folder (docs/deployment.md#prediction);
+    deeper folders and other files are skipped with a warning counting them.
 
     Raises:
-        MissingFileError: If the path does not exist or the folder holds no images.
-        ImageFolderError: Naming the entries with an image name that are no image file (a
-            folder ``photos.jpg``, a link to a missing file), a folder that cannot be read,
-            or links that cannot be followed.
+        MissingFileError, ImageFolderError: If there are no images, or unreadable entries.
     """
     if os.path.isfile(image_path):
         return [image_path]
@@ -177,8 +152,7 @@ def load_mindir(path: str) -> nn.GraphCell:
     """A MindIR file as a callable ``nn.GraphCell``.
 
     Raises:
-        MissingFileError: If the file does not exist.
-        ModelFileError: If MindSpore cannot load it (cut short, not a MindIR file).
+        MissingFileError, ModelFileError: If it is missing, or MindSpore cannot load it.
     """
     _require_file(path, "MindIR")
     try:
@@ -190,19 +164,14 @@ def load_mindir(path: str) -> nn.GraphCell:
 
 
 def declared_shape(dims) -> tuple[int | None, ...] | None:
-    """A model's declared input dimensions as a tuple, or None when it declares none; a
-    dimension that is not a fixed positive int (symbolic, -1 or 0: dynamic) becomes None
-    ("any size")."""
+    """Declared input dimensions as a tuple (None where not a fixed positive int: any size),
+    or None when none are declared."""
     return tuple(d if isinstance(d, int) and d > 0 else None for d in dims or ()) or None
 
 
 def mindir_input_shape(path: str) -> tuple[int | None, ...] | None:
-    """The input shape a MindIR file declares (its graph's first input), read from the
-    protobuf; None if it cannot be read so (another MindIR layout, an encrypted file).
-
-    Returns:
-        e.g. (batch_size, 3, image_size, image_size); None in a dynamic dimension.
-    """
+    """The input shape a MindIR file declares (``declared_shape``), read from the protobuf;
+    None if it cannot be read so (another layout, an encrypted file)."""
     try:
         from google.protobuf.message import DecodeError
         from mindspore.train.mind_ir_pb2 import ModelProto
@@ -218,16 +187,12 @@ def mindir_input_shape(path: str) -> tuple[int | None, ...] | None:
 
 
 def load_onnx(path: str) -> tuple[Forward, tuple[int | None, ...] | None]:
-    """An ONNX file in ONNX Runtime (CPU).
-
-    Returns:
-        The model as a function (``Forward``), and the input shape it declares
-        (``declared_shape``: a symbolic batch is None).
+    """An ONNX file in ONNX Runtime (CPU): the model as a ``Forward`` and the input shape it
+    declares (``declared_shape``).
 
     Raises:
-        MissingFileError: If the file does not exist.
-        ImportError: If onnxruntime is not installed (it is in requirements.txt).
-        ModelFileError: If ONNX Runtime cannot load it (cut short, not an ONNX model).
+        MissingFileError, ModelFileError, ImportError: If it is missing or does not load, or
+            onnxruntime is not installed.
     """
     _require_file(path, "ONNX")
     try:
@@ -252,17 +217,12 @@ def chunks(items, batch_size: int):
 
 def check_input_shape(shape: tuple[int, ...], declared: tuple[int | None, ...] | None, kind: str,
                       path: str) -> None:
-    """Compare an input's shape with the one a model declares (None: any size there).
-
-    Args:
-        shape: The input's shape, (N, 3, H, W).
-        declared: The model's input shape; None when unknown (no check).
-        kind: ``MindIR`` or ``ONNX``, for the message.
-        path: The model file, for the message.
+    """Compare an input's shape (N, 3, H, W) with the one a model declares (None: unknown;
+    None in a dimension: any size); ``kind`` and ``path`` name the model.
 
     Raises:
-        ModelInputError: If the rank or a fixed dimension differs; names the file, both
-            shapes and the options to fix.
+        ModelInputError: If the rank or a fixed dimension differs (names both shapes and
+            the options to fix).
     """
     if declared is None:
         return
@@ -275,35 +235,19 @@ def check_input_shape(shape: tuple[int, ...], declared: tuple[int | None, ...] |
 
 
 def is_shape_inference_error(err: BaseException) -> bool:
-    """Whether ``err`` is MindSpore's failure to infer the graph's shapes for an input (the
-    error of a MindIR run on images of a size it cannot take)."""
+    """Whether ``err`` is MindSpore's failure to infer a graph's shapes for an input."""
     return isinstance(err, RuntimeError) and "InferPrimitiveShape" in str(err)
 
 
 def batched(forward: Forward, batch_size: int, kind: str, path: str,
             input_shape: tuple[int | None, ...] | None = None) -> Forward:
-    """``forward`` (numpy -> numpy) of an exported model: any number of images, run in chunks
-    of ``batch_size``. A model that declares a fixed batch takes exactly ``batch_size``
-    images: the last chunk is zero-padded, the padding dropped from the result. A model that
-    declares a symbolic batch (``dynamic_batch`` exports) gets the last chunk as it is.
+    """``forward`` of an exported model for any number N of images, run in chunks of
+    ``batch_size``: with a fixed declared batch the last chunk is zero-padded (the padding
+    dropped), with a symbolic one it runs as it is.
 
-    Args:
-        forward: float32 (batch_size, 3, H, W) -> logits (batch_size, K); with a symbolic
-            batch (n, 3, H, W) -> (n, K), any n.
-        batch_size: The batch size the model was exported with; with a symbolic batch, the
-            images per forward pass (at most).
-        kind: ``MindIR`` or ``ONNX``, for messages.
-        path: The model file, for messages.
-        input_shape: The input shape the model declares (None in a dimension: any size).
-            Unknown (None): a MindSpore shape-inference failure of ``forward`` is reported
-            as a shape mismatch.
-
-    Returns:
-        float32 (N, 3, H, W) -> logits (N, K), any N.
-
-    Raises:
-        ModelInputError: (from the returned function) If the images do not have the model's
-            input shape. Any other failure of ``forward`` propagates unchanged.
+    ``kind`` and ``path`` name the model in messages; ``input_shape`` is the declared one
+    (``check_input_shape``), unknown (None): a MindSpore shape-inference failure is reported
+    as a shape mismatch (``ModelInputError``, raised by the returned function).
     """
     fixed_batch = input_shape is None or input_shape[0] is not None
 
@@ -331,8 +275,7 @@ def batched(forward: Forward, batch_size: int, kind: str, path: str,
 def checkpoint_predictor(checkpoint_path: str, *, net_name: str, class_num: int,
                          batch_size: int, use_ema: bool, device_target: str | None,
                          stem_pool_pad_mode: str) -> Forward:
-    """A checkpoint (or Hub weights) in MindSpore (``load_network``'s arguments), run
-    ``batch_size`` images at a time."""
+    """A checkpoint in MindSpore (``load_network``), ``batch_size`` images at a time."""
     net = load_network(net_name, class_num, checkpoint_path, use_ema=use_ema,
                        device_target=device_target, stem_pool_pad_mode=stem_pool_pad_mode)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
@@ -340,18 +283,16 @@ def checkpoint_predictor(checkpoint_path: str, *, net_name: str, class_num: int,
 
 
 def mindir_predictor(checkpoint_path: str, *, batch_size: int, **network) -> Forward:
-    """A ``.mindir`` in ``nn.GraphCell``, run in chunks of ``batch_size`` (``batched``); the
-    ``network`` arguments are unused (the graph holds them)."""
-    del network
+    """A ``.mindir`` in ``nn.GraphCell`` (``batched``)."""
+    del network  # the graph holds it
     graph = load_mindir(checkpoint_path)
     return batched(lambda x: graph(ms.Tensor(x)).asnumpy(), batch_size, "MindIR",
                    checkpoint_path, mindir_input_shape(checkpoint_path))
 
 
 def onnx_predictor(checkpoint_path: str, *, batch_size: int, **network) -> Forward:
-    """An ``.onnx`` in ONNX Runtime, run in chunks of ``batch_size`` (``batched``); the
-    ``network`` arguments are unused (the graph holds them)."""
-    del network
+    """An ``.onnx`` in ONNX Runtime (``batched``)."""
+    del network  # the graph holds it
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
 

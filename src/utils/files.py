@@ -12,21 +12,12 @@ from src.utils.errors import OutputDirError, WriteError
 
 
 def check_output_dir(path: str, key: str = "output_dir", create: bool = True) -> None:
-    """Check that files can be written in the folder ``path``, before any slow work (a run
-    should not fail at its very end for want of a place to write its result), creating it if
-    missing.
-
-    Args:
-        path: The folder.
-        key: The config key that named it, for the message.
-        create: False: a missing folder is not created; a temporary folder is created
-            and removed in its nearest existing parent instead, so a run refused after this
-            check leaves nothing behind (the caller creates ``path`` when it writes).
+    """Check before any slow work that files can be written in the folder ``path`` (named
+    ``key`` in messages), creating it; with ``create`` False a missing folder is not created
+    (its nearest existing parent is checked), so a run refused later leaves nothing behind.
 
     Raises:
-        OutputDirError: If ``path`` (or, with ``create`` False, its nearest existing parent)
-            is a file, or the folder or a file in it cannot be created (permission, read-only
-            filesystem, full disk), naming the key and the path.
+        OutputDirError: If it (or that parent) is a file or not writable.
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise OutputDirError(f"{key} {path} is a file, not a folder")
@@ -47,8 +38,7 @@ def check_output_dir(path: str, key: str = "output_dir", create: bool = True) ->
 
 
 def current_umask() -> int:
-    """The process's umask, read without changing it (``/proc/self/status``, Linux 4.7+);
-    elsewhere set and restored at once."""
+    """The process's umask (``/proc/self/status``; elsewhere set and restored at once)."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -68,13 +58,11 @@ def plain_file_mode(fd: int) -> None:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder, flushed
-    to disk and renamed: ``path`` holds either its old content or all of ``text``. The file
-    gets the mode of a plain write (``plain_file_mode``).
+    """Write ``text`` (UTF-8) to ``path`` through a flushed temporary file renamed over it,
+    with a plain write's mode: ``path`` holds its old content or all of ``text``.
 
     Raises:
-        WriteError: Naming ``path`` and the cause (disk full, permission); the temporary file
-            is removed and an existing ``path`` is left as it was.
+        WriteError: Naming ``path`` and the cause; an existing ``path`` is left as it was.
     """
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
@@ -95,12 +83,7 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def append_line(path: str, line: str) -> None:
-    """Append ``line`` to the text file ``path`` atomically (the file is small: one line per
-    epoch): it holds its earlier lines and either all of ``line`` or none of it.
-
-    Raises:
-        WriteError: If the file cannot be written (names it).
-    """
+    """Append ``line`` to the small text file ``path`` atomically (``atomic_write_text``)."""
     earlier = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -109,18 +92,14 @@ def append_line(path: str, line: str) -> None:
 
 
 class FileLock:
-    """An exclusive lock held until the process exits: ``fcntl.flock`` on ``path``, which
-    then holds ``host pid`` of the holder. The kernel releases the lock when its process ends
-    (killed or not), so a lock file left by a dead process is free: the next holder takes it
-    over and says whose it was.
+    """An exclusive lock until the process exits: ``fcntl.flock`` on ``path`` (its folder
+    must exist), which holds ``host pid`` of the holder; a file left by a dead process is
+    free and taken over.
 
     Args:
-        path: The lock file (its folder must exist).
-        in_use: ``in_use(holder)`` -> the message of the error raised when another process
-            holds the lock (``holder``: its ``host pid``, or ``unknown``).
-        what: What the lock guards, for the other messages.
-        remove: Delete the lock file on ``release`` (a lock taken for one command);
-            otherwise it stays, naming its last holder.
+        in_use: ``in_use(holder)`` -> the message when another process holds it (``holder``:
+            its ``host pid`` or ``unknown``); ``what`` names the lock in other messages.
+        remove: Delete the file on ``release``; otherwise it stays, naming its last holder.
     """
 
     def __init__(self, path: str, in_use: Callable[[str], str], what: str,
@@ -132,17 +111,12 @@ class FileLock:
         self.file = None
 
     def acquire(self) -> str | None:
-        """Take the lock, or fail at once naming the holder.
-
-        Returns:
-            ``host pid`` of an earlier holder whose lock was free (it ended
-            without releasing the file), for a message; None if there was none.
+        """Take the lock, or fail at once naming the holder; returns the ``host pid`` of an
+        earlier holder that ended without releasing it, else None.
 
         Raises:
-            OutputDirError: If another process holds the lock (``in_use``'s message), or the
-                lock file cannot be created or locked.
-            WriteError: If the holder's name cannot be written into the lock file (disk
-                full), naming the file.
+            OutputDirError: If another process holds it, or it cannot be created or locked.
+            WriteError: If the holder's name cannot be written into it (disk full).
         """
         while True:
             try:
