@@ -37,20 +37,21 @@ import time
 import mindspore as ms
 import mindspore.nn as nn
 
+from src.data import pipeline
 from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
-from src.data.pipeline import class_names_of, count_images, create_dataset, image_folder_files
-from src.deploy.inference import check_runtime, load_predictor, model_runtime, onnx_of_network
+from src.data.pipeline import class_names_of, count_images, image_folder_files
+from src.deploy import formats
 from src.deploy.report import ClassReport, plot_confusion
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.recipe import network_kwargs, split_indices
 from src.training.loss import CrossEntropySmooth
 from src.training.model import classification_metrics
+from src.utils import device
 from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.device import setup_device
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
@@ -107,21 +108,22 @@ def benchmark_inference(cfg):
     .mindir or .onnx; without one a randomly initialized network in graph mode); no dataset,
     no files. Returns 0."""
     if cfg.checkpoint_path:
-        predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
-                                 cfg.batch_size, cfg.use_ema, cfg.device_target,
-                                 cfg.stem_pool_pad_mode, cfg.runtime)
+        predict = formats.load_predictor(
+            cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
+            use_ema=cfg.use_ema, device_target=cfg.device_target,
+            stem_pool_pad_mode=cfg.stem_pool_pad_mode, runtime=cfg.runtime)
     else:
         net = create_network(**network_kwargs(cfg))
         net.set_train(False)
         if cfg.runtime == "onnxruntime":  # as a .ckpt runs there: BatchNorms folded
             fold_batchnorm(net)
-            predict = onnx_of_network(net, (3, cfg.eval_image_size, cfg.eval_image_size))
+            predict = formats.onnx_of_network(net, (3, cfg.eval_image_size, cfg.eval_image_size))
         else:
             predict = lambda x: net(ms.Tensor(x)).asnumpy()  # noqa: E731
     images, _ = synthetic_batch(cfg.batch_size, cfg.eval_image_size, cfg.class_num)
     warmup, timed = time_calls(lambda: predict(images), cfg.benchmark_steps)
     record, line = throughput_report("eval", cfg.batch_size, 1, warmup, timed)
-    runtime = model_runtime(cfg.checkpoint_path, cfg.runtime)
+    runtime = formats.model_runtime(cfg.checkpoint_path, cfg.runtime)
     model = (f"{cfg.checkpoint_path} ({runtime})" if cfg.checkpoint_path
              else f"{cfg.net_name} (random weights, {runtime})")
     print(f"{line}; model {model}")
@@ -148,18 +150,18 @@ def main(argv=None):
     if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
         cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
                        cfg.checkpoint_path)
-    check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before the slow work
+    formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before slow work
     if cfg.benchmark_steps:
-        setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+        device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return benchmark_inference(cfg)
     check_data_classes(cfg)
     indices = split_indices(cfg)  # None: every image of data_path
     # before the evaluation, not after it; created when the result is written (a run
     # refused by a later check, e.g. of the checkpoint, leaves no empty folder)
     check_output_dir(cfg.output_dir, create=False)
-    setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+    device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
-    dataset = create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
+    dataset = pipeline.create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
                              batch_size=cfg.batch_size, image_size=cfg.eval_image_size,
                              eval_resize=cfg.eval_resize,
                              eval_interpolation=cfg.eval_interpolation,
@@ -167,9 +169,11 @@ def main(argv=None):
                              num_parallel_workers=cfg.num_parallel_workers,
                              check_images=cfg.check_images, indices=indices)
     total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices)
-    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
-                             cfg.use_ema, cfg.device_target, cfg.stem_pool_pad_mode,
-                             cfg.runtime)
+    predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
+                                     cfg.batch_size, use_ema=cfg.use_ema,
+                                     device_target=cfg.device_target,
+                                     stem_pool_pad_mode=cfg.stem_pool_pad_mode,
+                                     runtime=cfg.runtime)
 
     report = class_report(cfg, indices)
     start = time.time()
@@ -177,7 +181,7 @@ def main(argv=None):
         result = evaluate(predict, dataset, cfg, progress, report)
     seconds = time.time() - start
     summary = {"checkpoint_path": cfg.checkpoint_path,
-               "runtime": model_runtime(cfg.checkpoint_path, cfg.runtime),
+               "runtime": formats.model_runtime(cfg.checkpoint_path, cfg.runtime),
                "data_path": cfg.data_path,
               "net_name": cfg.net_name, "images": result["images"],
               "top1": result["top1"], "top5": result["top5"],

@@ -54,13 +54,7 @@ import numpy as np
 
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
-from src.deploy.exporting import (
-    DYNAMIC_BATCH_FORMATS,
-    SUFFIXES,
-    declared_batch_dims,
-    export_model,
-)
-from src.deploy.inference import load_mindir, load_network, load_onnx
+from src.deploy import formats, inference
 from src.deploy.publish import model_card, save_hub_folder, timm_config, torchvision_state
 from src.deploy.quantize import (
     check_quantize_config,
@@ -69,13 +63,12 @@ from src.deploy.quantize import (
     select_calibration_images,
 )
 from src.models.bn_fold import fold_batchnorm
-from src.training.output_dir import FileLock
+from src.utils import device
 from src.utils.checkpoint import pretrained_config, read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.device import setup_device
 from src.utils.errors import WriteError
-from src.utils.files import check_output_dir
+from src.utils.files import FileLock, check_output_dir
 from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 
@@ -84,12 +77,8 @@ SECTIONS = ("network", "data", "device", "model file", "export")
 
 LOGGER = logging.getLogger("export")
 
-AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in a future "
-            "version); it is kept while it works on Ascend, MINDIR is the path forward")
-"""Printed (stderr) whenever file_format AIR is chosen; MindSpore itself logs a warning."""
 
-
-def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False):
+def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=False):
     """Export ``net`` as float32 ONNX into a temporary folder beside ``out_path``, then
     quantize it to ``out_path`` (``src.deploy.quantize.export_int8``), calibrated on the image
     paths ``calibration``, with 7-bit weights if ``reduce_range`` (``reduce_range_for``); with
@@ -97,50 +86,18 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False)
     with tempfile.TemporaryDirectory(prefix=".export.",
                                      dir=os.path.dirname(os.path.abspath(out_path))) as tmp:
         fp32 = os.path.join(tmp, "fp32")
-        export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
-        check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
+        formats.export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
+        formats.check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
                     cfg.eval_image_size, cfg.eval_resize, reduce_range, cfg.eval_interpolation,
                     cfg.exif_transpose)
 
 
-def check_exported(path, file_format, dynamic_batch=False):
-    """Load an exported file back, as eval.py and predict.py would: ONNX through the ONNX
-    checker and an ONNX Runtime session, MindIR through ``mindspore.load``; AIR, which only
-    Ascend's tools read, must exist and not be empty. With ``dynamic_batch`` the file must
-    declare a symbolic batch in its input and its output
-    (``src.deploy.exporting.declared_batch_dims``).
-
-    Raises:
-        WriteError: Naming the file and why it is not a usable model (MindSpore's ONNX
-            exporter logs a failed write, removes the file and returns normally; a failed
-            MindIR write leaves a file cut short), or which declared batch is fixed.
-    """
-    if not os.path.isfile(path) or os.path.getsize(path) == 0:
-        raise WriteError(f"export wrote no {file_format} file (disk full, or the folder not "
-                         f"writable? MindSpore's log above may say more)")
-    try:
-        if file_format == "ONNX":
-            import onnx
-            onnx.checker.check_model(path)
-            load_onnx(path)
-        elif file_format == "MINDIR":
-            load_mindir(path)
-        declared = declared_batch_dims(path) if dynamic_batch else (None, None)
-    except Exception as err:  # onnx's, ONNX Runtime's and MindSpore's own error types
-        raise WriteError(f"the exported {file_format} file does not load back: "
-                         f"{str(err).splitlines()[0]}") from err
-    fixed = [f"{side} {dim}" for side, dim in zip(("input", "output"), declared) if dim]
-    if fixed:
-        raise WriteError(f"the exported {file_format} file declares a fixed batch "
-                         f"({', '.join(fixed)}) although dynamic_batch is true")
-
-
-def export_checked(net, dummy, cfg, calibration, reduce_range=False):
+def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
     """Export to a temporary name in the target folder, load the result back
-    (``check_exported``), then rename it over ``file_name`` + suffix: on any failure the
-    earlier file of that name is left as it was. With ``calibration`` (image paths) the
-    export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
+    (``src.deploy.formats.check_exported``), then rename it over ``file_name`` + suffix: on
+    any failure the earlier file of that name is left as it was. With ``calibration`` (image
+    paths) the export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
 
     Returns:
         str: The exported file.
@@ -148,21 +105,22 @@ def export_checked(net, dummy, cfg, calibration, reduce_range=False):
     Raises:
         WriteError: If the export fails or its result does not load (names the cause).
     """
-    final = cfg.file_name + SUFFIXES[cfg.file_format]
+    suffix = formats.SUFFIXES[cfg.file_format]
+    final = cfg.file_name + suffix
     folder = os.path.dirname(os.path.abspath(final))
     with tempfile.TemporaryDirectory(prefix=".export.", dir=folder) as tmp:
         partial = os.path.join(tmp, "model")
         try:
             if calibration:
                 export_int8_onnx(net, dummy, cfg, calibration, partial + ".onnx",
-                                 reduce_range)
+                                 reduce_range=reduce_range)
             else:
-                export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
+                formats.export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
         except OSError as err:
             raise WriteError(f"cannot export {final}: {err}") from err
-        check_exported(partial + SUFFIXES[cfg.file_format], cfg.file_format, cfg.dynamic_batch)
+        formats.check_exported(partial + suffix, cfg.file_format, cfg.dynamic_batch)
         try:
-            os.replace(partial + SUFFIXES[cfg.file_format], final)
+            os.replace(partial + suffix, final)
         except OSError as err:
             raise WriteError(f"cannot write {final}: {err.strerror or err}") from err
     return final
@@ -179,8 +137,9 @@ def publish(cfg):
         LOGGER.warning("stem_pool_pad_mode %s: timm's and torchvision's networks pool with "
                        "padding 1 (pad); their outputs will differ from this network's",
                        cfg.stem_pool_pad_mode)
-    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, cfg.use_ema, None,
-                       cfg.stem_pool_pad_mode)
+    net = inference.load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path,
+                                 use_ema=cfg.use_ema, device_target=None,
+                                 stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
     config = timm_config(cfg.net_name, cfg.class_num, cfg.eval_image_size, cfg.eval_resize,
                          cfg.eval_interpolation, names)
@@ -193,7 +152,7 @@ def publish(cfg):
             with open(beside, encoding="utf-8") as f:
                 eval_result = json.load(f)
     card = model_card(os.path.basename(os.path.abspath(cfg.file_name)), config,
-                      cfg.checkpoint_path, run_config, eval_result)
+                      cfg.checkpoint_path, run_config=run_config, eval_result=eval_result)
     state = torchvision_state(net)
     files = save_hub_folder(cfg.file_name, state, config, card)
     written = ", ".join(os.path.basename(f) for f in files)
@@ -212,13 +171,16 @@ def main(argv=None):
     if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
         cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
                        cfg.checkpoint_path)
-    if cfg.file_format == "AIR":
-        print(AIR_NOTE, file=sys.stderr)
-    if cfg.file_format == "AIR" and cfg.device_target != "Ascend":
-        raise ConfigError(f"file_format AIR needs device_target Ascend (got "
-                          f"{cfg.device_target}); use MINDIR or ONNX here")
-    if cfg.dynamic_batch and cfg.file_format not in DYNAMIC_BATCH_FORMATS:
-        raise ConfigError(f"dynamic_batch true needs file_format ONNX or MINDIR (got "
+    fmt = formats.FORMATS[cfg.file_format]
+    if fmt.note:
+        print(fmt.note, file=sys.stderr)
+    if fmt.devices and cfg.device_target not in fmt.devices:
+        raise ConfigError(f"file_format {cfg.file_format} needs device_target "
+                          f"{' or '.join(fmt.devices)} (got {cfg.device_target}); use MINDIR "
+                          f"or ONNX here")
+    if cfg.dynamic_batch and not fmt.dynamic_batch:
+        raise ConfigError(f"dynamic_batch true needs file_format "
+                          f"{' or '.join(formats.DYNAMIC_BATCH_FORMATS)} (got "
                           f"{cfg.file_format}): pass --dynamic_batch false for AIR")
     check_quantize_config(cfg.quantize, cfg.file_format, cfg.calibration_data_path)
     check_output_dir(os.path.dirname(os.path.abspath(cfg.file_name)), "file_name's folder")
@@ -242,7 +204,7 @@ def lock_export(cfg):
         OutputDirError: If another export to that file runs (names it and the lock file).
         WriteError: If the lock file cannot be written (disk full).
     """
-    final = cfg.file_name + SUFFIXES.get(cfg.file_format, "")  # SAFETENSORS: the folder
+    final = cfg.file_name + formats.FORMATS[cfg.file_format].suffix  # SAFETENSORS: the folder
     path = final + ".lock"
     lock = FileLock(path, lambda holder: (
         f"{final} is being exported by another process (host and process id: {holder}, lock "
@@ -258,19 +220,20 @@ def lock_export(cfg):
 def export_locked(cfg):
     """The export of ``main``, its file locked (``lock_export``); returns 0."""
     if cfg.file_format == "SAFETENSORS":
-        setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+        device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return publish(cfg)
     calibration = (select_calibration_images(cfg.calibration_data_path, cfg.calibration_images)
                    if cfg.quantize == "int8" else None)
-    setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+    device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
-    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, cfg.use_ema,
-                       None, cfg.stem_pool_pad_mode)  # device_target None: pool as built
+    net = inference.load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path,
+                                 use_ema=cfg.use_ema, device_target=None,  # the pool as built
+                                 stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     folded = fold_batchnorm(net) if cfg.fold_bn else 0
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
     reduce_range = bool(calibration) and reduce_range_for(cfg.quantize_reduce_range)
-    final = export_checked(net, dummy, cfg, calibration, reduce_range)
+    final = export_checked(net, dummy, cfg, calibration, reduce_range=reduce_range)
     int8 = (f"int8 (static QDQ, {7 if reduce_range else 8}-bit weights: quantize_reduce_range "
             f"{cfg.quantize_reduce_range}) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")

@@ -34,19 +34,12 @@ import numpy as np
 
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
-from src.deploy.inference import (
-    check_runtime,
-    chunks,
-    list_images,
-    load_predictor,
-    model_runtime,
-    preprocess_images,
-    softmax,
-)
+from src.deploy import formats, inference
+from src.deploy.inference import chunks, list_images, softmax
+from src.utils import device
 from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.device import setup_device
 from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
@@ -92,7 +85,7 @@ def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
         float (len(batch), K).
     """
     for batch in chunks(paths, batch_size):
-        yield batch, softmax(predict(preprocess_images(batch, image_size, eval_resize,
+        yield batch, softmax(predict(inference.preprocess_images(batch, image_size, eval_resize,
                                                        interpolation, exif_transpose)))
 
 
@@ -123,16 +116,19 @@ def main(argv=None):
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
-    check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)
-    setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+    formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)
+    device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     paths = list_images(cfg.image_path)
     print(f"predict: {len(paths)} image{'s' if len(paths) > 1 else ''}, model "
-          f"{cfg.checkpoint_path}, runtime {model_runtime(cfg.checkpoint_path, cfg.runtime)}",
+          f"{cfg.checkpoint_path}, runtime "
+          f"{formats.model_runtime(cfg.checkpoint_path, cfg.runtime)}",
           file=sys.stderr)  # the header line; stdout holds only the JSON lines
-    predict = load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
-                             cfg.use_ema, cfg.device_target, cfg.stem_pool_pad_mode,
-                             cfg.runtime)
+    predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
+                                     cfg.batch_size, use_ema=cfg.use_ema,
+                                     device_target=cfg.device_target,
+                                     stem_pool_pad_mode=cfg.stem_pool_pad_mode,
+                                     runtime=cfg.runtime)
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,

@@ -82,6 +82,7 @@ from src.training.resume import (
 )
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
+from src.utils import device
 from src.utils.checkpoint import (
     own_checkpoints,
     pretrained_config,
@@ -89,7 +90,7 @@ from src.utils.checkpoint import (
 )
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.device import all_gather_int, init_distributed, setup_device
+from src.utils.device import all_gather_int, init_distributed
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
@@ -110,7 +111,7 @@ def main(argv=None):
         check_train_config(cfg)
     stop = StopSignals(logging.getLogger("train"))
     stop.install()
-    setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
+    device.setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
     rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num)
     log = get_logger("train", None, rank)
     if is_pretrained_source(cfg.pre_trained):  # Hub weights: their network unless net_name set

@@ -233,7 +233,7 @@ def prepare(args):
     (BatchNorm folded), net_unfolded.mindir / .onnx without folding, and net_int8.onnx (from
     net.onnx). A file no chosen case loads is not written."""
     ms = ms_setup()
-    from export import export_model
+    from src.deploy.formats import export_model
     from src.models.bn_fold import fold_batchnorm
     from src.models.resnet import create_network
     needed = {LOADED_FILES[name] for name in args.case_names if name in LOADED_FILES}

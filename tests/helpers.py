@@ -122,10 +122,10 @@ def file_size_limit(limit):
 @contextlib.contextmanager
 def entry_point_in_process(script, cwd=ROOT):
     """The entry point ``script`` (e.g. "train.py") imported and set to run in this process:
-    from ``cwd``, ``sys.argv[0]`` the script, its ``setup_device`` applying the mode and the
-    seed only (MindSpore's device is already set in the test process). Afterwards the mode,
-    the SIGINT / SIGTERM handlers and the ``src`` package's logger (which ``get_logger``
-    points at the run's stdout) are put back.
+    from ``cwd``, ``sys.argv[0]`` the script, ``src.utils.device.setup_device`` applying the
+    mode and the seed only (MindSpore's device is already set in the test process).
+    Afterwards the mode, the SIGINT / SIGTERM handlers and the ``src`` package's logger
+    (which ``get_logger`` points at the run's stdout) are put back.
 
     Yields:
         module: The entry point's module; call its ``main``.
@@ -153,7 +153,7 @@ def entry_point_in_process(script, cwd=ROOT):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd or ROOT)
         patch.setattr(sys, "argv", [os.path.join(ROOT, script)])
-        patch.setattr(module, "setup_device", mode_and_seed)
+        patch.setattr(device, "setup_device", mode_and_seed)
         try:
             yield module
         finally:

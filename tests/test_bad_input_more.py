@@ -355,7 +355,7 @@ def test_a_second_export_to_the_same_file_is_refused_while_the_first_runs(tmp_pa
 
 
 def test_an_export_lock_of_an_ended_process_is_taken_over_and_removed(tmp_path):
-    from src.training.output_dir import FileLock
+    from src.utils.files import FileLock
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     path = tmp_path / "model.onnx.lock"

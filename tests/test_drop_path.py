@@ -384,7 +384,7 @@ def test_exported_graphs_are_equal_with_and_without_drop_path(tmp_path, graph_mo
     the same weights built without it: node for node, initializer for initializer."""
     import onnx
 
-    from src.deploy.exporting import export_model
+    from src.deploy.formats import export_model
     with_dp, plain = same_weights(0.1)
     dummy = ms.Tensor(np.zeros((1, 3, 32, 32), np.float32))
     files = {}

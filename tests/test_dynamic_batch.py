@@ -12,15 +12,15 @@ import onnx
 import pytest
 
 import export
-from src.deploy.exporting import declared_batch_dims
+from src.deploy.formats import declared_batch_dims, load_predictor
 from src.deploy.inference import (
     batched,
     list_images,
     load_mindir,
-    load_predictor,
     preprocess_images,
 )
 from src.models.resnet import create_network
+from src.utils import device
 from src.utils.cli import run_entry_point
 from tests.helpers import CIFAR_SAMPLE
 
@@ -47,7 +47,7 @@ def files(tmp_path_factory):
                           "--calibration_images", "8"]}
     paths = {"ckpt": ckpt}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(export, "setup_device", lambda *a, **k: None)  # the context as it is
+        patch.setattr(device, "setup_device", lambda *a, **k: None)  # the context as it is
         for name, extra in runs.items():
             stem = str(folder / os.path.splitext(name)[0])
             assert export.main([*args, *extra, "--file_name", stem]) == 0
@@ -103,8 +103,7 @@ def test_int8_keeps_the_dynamic_batch(files):
 @pytest.mark.slow
 def test_eval_and_predict_take_any_batch_size(files, cifar_small, tmp_path, monkeypatch, capsys):
     evaluation, predict = importlib.import_module("eval"), importlib.import_module("predict")
-    for module in (evaluation, predict):
-        monkeypatch.setattr(module, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
     results = {}
     for name, batch_size in (("fixed.onnx", EXPORT_BATCH), ("dynamic.onnx", 7),
                              ("dynamic.mindir", 4)):  # 30 images: last batches of 2 and 2

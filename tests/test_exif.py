@@ -20,6 +20,7 @@ import eval as eval_entry
 import export as export_entry
 import predict as predict_entry
 from src import recipe
+from src.data import pipeline
 from src.data.pipeline import create_dataset
 from src.data.transforms import (
     IMAGENET_MEAN,
@@ -28,9 +29,11 @@ from src.data.transforms import (
     create_transforms,
     decode_rgb,
 )
+from src.deploy import formats, inference
 from src.deploy.inference import preprocess_images
 from src.deploy.quantize import ImageCalibrationReader
 from src.training.resume import check_same_recipe
+from src.utils import device
 from src.utils.config import ConfigError, parse_config
 from tests.helpers import IMAGENET_SMALL, imagenet_images
 
@@ -210,8 +213,8 @@ def capture(monkeypatch, module, name):
 
 def test_eval_py_hands_the_key_to_its_pipeline(photos, monkeypatch, tmp_path):
     # in-process: the session's MindSpore runtime is up, set_device may not run again
-    monkeypatch.setattr(eval_entry, "setup_device", lambda *args, **kwargs: None)
-    calls = capture(monkeypatch, eval_entry, "create_dataset")
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
+    calls = capture(monkeypatch, pipeline, "create_dataset")
     with pytest.raises(Captured):
         eval_entry.main(["--data_path", photos[0], "--class_num", "1", "--exif_transpose",
                          "true", "--output_dir", str(tmp_path), "--device_target", "CPU"])
@@ -219,9 +222,9 @@ def test_eval_py_hands_the_key_to_its_pipeline(photos, monkeypatch, tmp_path):
 
 
 def test_predict_py_hands_the_key_to_its_reader(photos, monkeypatch):
-    monkeypatch.setattr(predict_entry, "setup_device", lambda *args, **kwargs: None)
-    monkeypatch.setattr(predict_entry, "load_predictor", lambda *args: None)
-    calls = capture(monkeypatch, predict_entry, "preprocess_images")
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(formats, "load_predictor", lambda *args, **kwargs: None)
+    calls = capture(monkeypatch, inference, "preprocess_images")
     with pytest.raises(Captured):
         predict_entry.main(["--image_path", photos[1][0], "--checkpoint_path", "model.onnx",
                             "--class_num", "1", "--exif_transpose", "true",
@@ -230,8 +233,8 @@ def test_predict_py_hands_the_key_to_its_reader(photos, monkeypatch):
 
 
 def test_export_py_hands_the_key_to_calibration(monkeypatch, tmp_path):
-    monkeypatch.setattr(export_entry, "export_model", lambda *a, **k: None)
-    monkeypatch.setattr(export_entry, "check_exported", lambda *a, **k: None)
+    monkeypatch.setattr(formats, "export_model", lambda *a, **k: None)
+    monkeypatch.setattr(formats, "check_exported", lambda *a, **k: None)
     calls = capture(monkeypatch, export_entry, "export_int8")
     cfg = parse_config(["--exif_transpose", "true", "--file_format", "ONNX"])
     with pytest.raises(Captured):

@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 
 import export
-from src.deploy.exporting import SUFFIXES, export_model
+from src.deploy import inference
+from src.deploy.formats import AIR_NOTE, FORMATS, SUFFIXES, export_model
 from src.models.resnet import MaxPoolPad1, create_network
+from src.utils import device
 from src.utils.cli import run_entry_point
+from src.utils.config import load_schema
 
 ARGS = ["--config_path", "configs/resnet18_cifar10.yaml", "--batch_size", "2",
         "--eval_image_size", "32", "--fold_bn", "false"]
@@ -22,7 +25,8 @@ def exported(monkeypatch):
         def write(net, *inputs, file_name, **kwargs):
             fmt = kwargs.get("file_format", file_format)
             calls.append((fmt, net.maxpool))
-            with open(file_name + SUFFIXES[fmt], "w") as f:
+            suffix = "" if file_name.endswith(SUFFIXES[fmt]) else SUFFIXES[fmt]  # as MindSpore
+            with open(file_name + suffix, "w") as f:
                 f.write("stand-in")  # for export.py's check that a file was written
         return write
     monkeypatch.setattr(ms, "export", record(None))
@@ -44,16 +48,17 @@ def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swap
 
 def test_air_export_prints_the_deprecation_note(exported, monkeypatch, capsys, tmp_path):
     # Ascend stood in for: no device set up, a fresh network instead of a checkpoint
-    monkeypatch.setattr(export, "setup_device", lambda *args, **kwargs: None)
-    monkeypatch.setattr(export, "load_network", lambda *args: create_network("resnet18", 10))
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(inference, "load_network",
+                        lambda *args, **kwargs: create_network("resnet18", 10))
     with pytest.raises(SystemExit) as stop:
         run_entry_point(export.main, [*ARGS, "--device_target", "Ascend", "--file_format",
                                       "AIR", "--checkpoint_path", "unused.ckpt",
                                       "--file_name", str(tmp_path / "model")])
     assert stop.value.code == 0
     out, err = capsys.readouterr()
-    assert [line for line in err.splitlines() if "AIR" in line] == [export.AIR_NOTE]
-    assert "deprecated" in export.AIR_NOTE and "MINDIR" in export.AIR_NOTE
+    assert [line for line in err.splitlines() if "AIR" in line] == [AIR_NOTE]
+    assert "deprecated" in AIR_NOTE and "MINDIR" in AIR_NOTE
     assert ".air" in out and [fmt for fmt, _ in exported] == ["AIR"]
     assert isinstance(exported[0][1], MaxPoolPad1)
 
@@ -64,13 +69,20 @@ def test_air_note_also_precedes_the_off_ascend_error(capsys):
                                       "--checkpoint_path", "unused.ckpt"])
     assert stop.value.code == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == export.AIR_NOTE and "AIR needs device_target Ascend" in err[1]
+    assert err[0] == AIR_NOTE and "AIR needs device_target Ascend" in err[1]
 
 
 def test_no_note_for_mindir(monkeypatch, capsys):
-    monkeypatch.setattr(export, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
     with pytest.raises(SystemExit) as stop:  # stops at the missing checkpoint
         run_entry_point(export.main, [*ARGS, "--file_format", "MINDIR", "--checkpoint_path",
                                       "missing.ckpt"])
     assert stop.value.code == 2
     assert "deprecated" not in capsys.readouterr().err
+
+
+def test_the_file_format_choices_are_the_registered_formats():
+    """config.yaml's ``file_format`` choices and ``src.deploy.formats.FORMATS`` name the same
+    formats: a format added to one is added to the other."""
+    _, _, choices = load_schema()
+    assert sorted(choices["file_format"]) == sorted(FORMATS)

@@ -305,7 +305,8 @@ def test_safetensors_folder_loads_bit_exact(tmp_path, r18_pair):
 def test_folder_logits_equal_torch(tmp_path, r18_pair, pretrained_cfg):
     """A folder's weights, run with its config.json's eval settings (as eval and predict take
     them), give the torch network's logits on timm's preprocessing."""
-    from src.deploy.inference import load_predictor, preprocess_images
+    from src.deploy.formats import load_predictor
+    from src.deploy.inference import preprocess_images
     from src.utils.checkpoint import pretrained_config
 
     folder = write_weights_folder(str(tmp_path / "w"), r18_pair, "resnet18", pretrained_cfg)

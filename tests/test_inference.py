@@ -13,18 +13,21 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from src.data import pipeline
+from src.deploy import formats, inference
+from src.deploy.formats import load_predictor
 from src.deploy.inference import (
     ModelFileError,
     ModelInputError,
     batched,
     list_images,
     load_mindir,
-    load_predictor,
     mindir_input_shape,
     preprocess_images,
     softmax,
 )
 from src.models.resnet import create_network
+from src.utils import device
 from src.utils.config import ConfigError
 from src.utils.errors import MissingFileError, UserError
 from tests.helpers import ROOT, copy_class_folders
@@ -149,8 +152,8 @@ def test_predict_preprocesses_a_folder_batch_by_batch(r18_ckpt, tmp_path, monkey
         sizes.append(len(paths))
         return preprocess_images(paths, *args)
 
-    monkeypatch.setattr(predict, "preprocess_images", spy)
-    monkeypatch.setattr(predict, "setup_device", lambda *args, **kwargs: None)  # context as is
+    monkeypatch.setattr(inference, "preprocess_images", spy)
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)  # context as is
     assert predict.main(["--config_path", "configs/quick_start.yaml", "--checkpoint_path",
                          r18_ckpt, "--image_path", folder, "--batch_size", "3"]) == 0
     assert sizes == [3, 3, 1]
@@ -169,10 +172,10 @@ def test_predict_preprocesses_a_folder_batch_by_batch(r18_ckpt, tmp_path, monkey
 
 def test_eval_reports_the_images_it_evaluated(r18_ckpt, tmp_path, monkeypatch, capsys):
     evaluation = importlib.import_module("eval")
-    create = evaluation.create_dataset
-    monkeypatch.setattr(evaluation, "create_dataset",
+    create = pipeline.create_dataset
+    monkeypatch.setattr(pipeline, "create_dataset",
                         lambda *args, **kwargs: create(*args, **kwargs).take(2))  # 2 of 25 batches
-    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
     out = tmp_path / "out"
     assert evaluation.main(["--config_path", "configs/quick_start.yaml", "--checkpoint_path",
                             r18_ckpt, "--data_path", os.path.join(SAMPLE, "test"),
@@ -187,9 +190,9 @@ def test_eval_reports_the_images_it_evaluated(r18_ckpt, tmp_path, monkeypatch, c
 def test_predict_refuses_a_model_of_another_class_count(tmp_path, monkeypatch):
     predict = importlib.import_module("predict")
     image = os.path.join(SAMPLE, "test", "cat", os.listdir(os.path.join(SAMPLE, "test", "cat"))[0])
-    monkeypatch.setattr(predict, "setup_device", lambda *args, **kwargs: None)
-    monkeypatch.setattr(predict, "load_predictor",  # an exported 7-class model
-                        lambda *args: lambda x: np.zeros((len(x), 7), np.float32))
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(formats, "load_predictor",  # an exported 7-class model
+                        lambda *args, **kwargs: lambda x: np.zeros((len(x), 7), np.float32))
     with pytest.raises(ConfigError, match="model.onnx outputs 7 classes but class_num is 10: "
                                           "pass --class_num 7"):
         predict.main(["--config_path", "configs/quick_start.yaml", "--checkpoint_path",

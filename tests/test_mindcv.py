@@ -25,6 +25,7 @@ except ImportError as err:  # a dev dependency like torch: a missing one fails, 
 from src.data.pipeline import image_folder_files
 from src.deploy.inference import load_onnx, preprocess_images, softmax
 from src.models.resnet import create_network
+from src.utils import device
 from src.utils.checkpoint import (
     CONFIG_KEY,
     CheckpointMismatchError,
@@ -200,7 +201,7 @@ def test_eval_on_a_mindcv_checkpoint(mindcv_r18, cifar_small, tmp_path, capsys, 
     """eval.py --checkpoint_path MINDCV.ckpt --stem_pool_pad_mode same (in-process): the
     probabilities it reports are MindCV's own network's."""
     evaluation = importlib.import_module("eval")
-    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # set once
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)  # set once
     assert evaluation.main([*QUICK, "--checkpoint_path", mindcv_r18["path"], "--data_path",
                             cifar_small["test"], "--output_dir", str(tmp_path)]) == 0
     assert "MindCV checkpoint" in capsys.readouterr().out
@@ -226,7 +227,7 @@ def test_onnx_export_of_a_mindcv_checkpoint_gives_mindspore_logits(mindcv_r18, i
     """export.py --stem_pool_pad_mode same --file_format ONNX (in-process): ONNX Runtime gives
     the logits of MindCV's network in MindSpore (the 'same' pool is exported as such)."""
     export = importlib.import_module("export")
-    monkeypatch.setattr(export, "setup_device", lambda *args, **kwargs: None)  # set once
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)  # set once
     name = str(tmp_path / "mindcv_r18")
     assert export.main([*QUICK, "--checkpoint_path", mindcv_r18["path"], "--file_format",
                         "ONNX", "--file_name", name, "--batch_size", str(len(images)),

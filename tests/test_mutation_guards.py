@@ -77,15 +77,15 @@ def test_an_unloadable_export_never_replaces_the_earlier_file(tmp_path, monkeypa
                                                                file_format, suffix):
     """The exported file is loaded back before it is renamed over the earlier one: an exporter
     that writes a file nothing can load leaves the earlier file as it was (exit 4)."""
-    import export
-    from src.deploy.exporting import SUFFIXES
+    from src.deploy import formats
+    from src.deploy.formats import SUFFIXES
 
     def unloadable(net, dummy, file_name, file_format, dynamic_batch=False):
         del net, dummy, dynamic_batch
         with open(file_name + SUFFIXES[file_format], "wb") as f:
             f.write(b"not a model")
 
-    monkeypatch.setattr(export, "export_model", unloadable)
+    monkeypatch.setattr(formats, "export_model", unloadable)
     ckpt = str(tmp_path / "r18.ckpt")
     atomic_save_checkpoint(create_network("resnet18", 10), ckpt)
     earlier = tmp_path / f"model{suffix}"

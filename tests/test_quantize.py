@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 import pytest
 
-from src.deploy.inference import load_predictor, preprocess_images
+from src.deploy.formats import load_predictor
+from src.deploy.inference import preprocess_images
 from src.deploy.quantize import (
     ImageCalibrationReader,
     pad_batch,

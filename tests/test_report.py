@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from src.data.pipeline import create_dataset, image_folder_files
+from src.deploy import formats
 from src.deploy.report import ClassReport, plot_confusion, top_confusions
+from src.utils import device
 
 
 def test_report_numbers_equal_a_confusion_matrix_worked_out_by_hand():
@@ -55,9 +57,9 @@ def test_the_folder_listing_is_the_eval_pipeline_s_order(cifar_small):
 
 def test_eval_writes_the_report_and_the_picture(cifar_small, tmp_path, monkeypatch, capsys):
     evaluation = importlib.import_module("eval")
-    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
     # any model file: a stand-in that always answers class 0 ("airplane")
-    monkeypatch.setattr(evaluation, "load_predictor", lambda *args: lambda x: np.tile(
+    monkeypatch.setattr(formats, "load_predictor", lambda *args, **kwargs: lambda x: np.tile(
         np.eye(10, dtype=np.float32)[0], (len(x), 1)))
     assert evaluation.main(["--config_path", "configs/quick_start.yaml", "--checkpoint_path",
                             str(tmp_path / "model.onnx"), "--data_path", cifar_small["test"],

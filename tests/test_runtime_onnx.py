@@ -13,9 +13,10 @@ import mindspore.nn as nn
 import numpy as np
 import pytest
 
-from src.deploy import inference
-from src.deploy.inference import model_runtime
+from src.deploy import formats, inference
+from src.deploy.formats import model_runtime
 from src.models.resnet import create_network
+from src.utils import device
 from src.utils.cli import run_entry_point
 
 COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--eval_image_size", "32",
@@ -34,21 +35,19 @@ def spied(monkeypatch, tmp_path):
     """The entry points with the device context left as is, the temporary folder of the ONNX
     export under ``tmp_path/tmp``, and every network exported for ONNX Runtime recorded
     (whether it still held a BatchNorm, the ``dynamic_batch`` flag)."""
-    for name in ("eval", "predict"):
-        monkeypatch.setattr(importlib.import_module(name), "setup_device",
-                            lambda *args, **kwargs: None)
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     exports = []
-    export_model = inference.export_model
+    export_model = formats.export_model
 
     def record(net, dummy, file_name, file_format, dynamic_batch=False):
         exports.append({"batchnorm": any(isinstance(cell, nn.BatchNorm2d)
                                          for _, cell in net.cells_and_names()),
                         "dynamic_batch": dynamic_batch, "format": file_format})
         return export_model(net, dummy, file_name, file_format, dynamic_batch)
-    monkeypatch.setattr(inference, "export_model", record)
+    monkeypatch.setattr(formats, "export_model", record)
     return {"exports": exports, "temp": temp}
 
 
@@ -104,11 +103,11 @@ def test_the_temporary_folder_goes_also_when_loading_fails(spied, monkeypatch):
     def fail(path):
         raise inference.ModelFileError(f"cannot load ONNX file {path}")
 
-    monkeypatch.setattr(inference, "load_onnx", fail)
+    monkeypatch.setattr(formats, "load_onnx", fail)
     net = create_network("resnet18", 10)
     net.set_train(False)
     with pytest.raises(inference.ModelFileError):
-        inference.onnx_of_network(net, (3, 32, 32))
+        formats.onnx_of_network(net, (3, 32, 32))
     assert len(spied["exports"]) == 1 and os.listdir(spied["temp"]) == []
 
 

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from src.utils import device
 from src.utils.tracking import TensorBoardLog
 from tests.helpers import train_in_process
 
@@ -136,7 +137,7 @@ def test_a_failing_writer_leaves_training_bit_identical(tmp_path, cifar_small, c
                            for n in tensors)
     evaluated = tmp_path / "eval"
     import eval as evaluation
-    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # set once
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)  # set once
     monkeypatch.chdir(tmp_path)
     assert evaluation.main([
         "--checkpoint_path", str(plain / "resnet18-1_10.ckpt"), "--net_name", "resnet18",

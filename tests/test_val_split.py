@@ -25,6 +25,7 @@ from src.data.split import (
     stratified_split,
     write_split_files,
 )
+from src.utils import device
 from src.utils.config import ConfigError, parse_config
 from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_in_process, succeeded
 
@@ -231,7 +232,7 @@ def test_train_evaluates_the_held_out_part_and_writes_the_lists(split_run, folde
 @pytest.mark.slow
 def test_eval_split_file_evaluates_the_held_out_part_only(split_run, folder, monkeypatch):
     evaluation = importlib.import_module("eval")
-    monkeypatch.setattr(evaluation, "setup_device", lambda *args, **kwargs: None)  # set once
+    monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)  # set once
     out = split_run["out"]
     assert evaluation.main([*COMMON, "--checkpoint_path", os.path.join(out, "resnet18-1_2.ckpt"),
                             "--data_path", folder, "--split_file",

@@ -1,17 +1,14 @@
-"""Publishing weights as timm and torchvision users load them: a folder of ``model.safetensors``
-(torchvision's / timm's tensor names), ``config.json`` (timm's format) and a ``README.md``
-model card, what ``export.py --file_format SAFETENSORS`` writes and ``hf upload`` sends.
-
-The format is timm's (``timm/models/_hub.py``: ``save_for_hf``, ``save_config``): the state
-dict in safetensors, and a config with ``architecture``, ``num_classes``, ``num_features``,
-``global_pool``, ``label_names`` and the weights' ``pretrained_cfg`` (input size,
-``crop_pct``, ``interpolation``, mean, std), which timm's eval transform reads back.
+"""Publishing weights as timm and torchvision users load them (``export.py --file_format
+SAFETENSORS``): a folder of ``model.safetensors`` (torchvision's / timm's tensor names),
+``config.json`` and a ``README.md`` model card, in timm's format (``timm/models/_hub.py``:
+``save_for_hf``, ``save_config``). See docs/deployment.md#publish-on-the-hugging-face-hub.
 """
 import json
 import math
 import os
 
 import numpy as np
+from mindspore import nn
 
 from src.utils.checkpoint import source_names
 from src.utils.errors import WriteError
@@ -24,18 +21,9 @@ NUM_FEATURES = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101":
 """Channels entering the classifier, per network (timm's ``num_features``)."""
 
 
-def torchvision_state(net):
-    """A network's weights as torchvision's ``ResNet.state_dict()`` names them.
-
-    Args:
-        net (nn.Cell): One of ours (``src.models.resnet``), its weights as loaded.
-
-    Returns:
-        dict[str, numpy.ndarray]: float32 arrays under torchvision's names (BatchNorm
-        ``weight``/``bias``/``running_mean``/``running_var``), plus ``num_batches_tracked``
-        int64 0 per BatchNorm (torch's counter, which MindSpore does not keep), so that
-        ``load_state_dict(strict=True)`` takes it.
-    """
+def torchvision_state(net: nn.Cell) -> dict[str, np.ndarray]:
+    """A network's weights as float32 arrays under torchvision's ``state_dict`` names, plus
+    ``num_batches_tracked`` int64 0 per BatchNorm, as ``load_state_dict(strict=True)`` wants."""
     params = {p.name: p for p in net.get_parameters()}
     names = source_names(params, "torchvision")
     state = {names[n]: np.ascontiguousarray(p.asnumpy(), dtype=np.float32)
@@ -45,7 +33,7 @@ def torchvision_state(net):
     return dict(sorted(state.items()))
 
 
-def crop_pct_for(image_size, eval_resize):
+def crop_pct_for(image_size: int, eval_resize: int) -> float:
     """timm's ``crop_pct`` for a resize-then-crop: the largest float whose
     ``floor(image_size / crop_pct)`` (timm's eval transform) is ``eval_resize``."""
     crop_pct = image_size / eval_resize
@@ -82,22 +70,12 @@ def timm_config(net_name, class_num, image_size, eval_resize, interpolation, lab
     return config
 
 
-def model_card(repo_name, config, source, run_config=None, eval_result=None,
-               license_id="other"):
-    """A ``README.md`` model card (Hugging Face's front matter, then prose).
-
-    Args:
-        repo_name (str): The folder's name, used in the loading examples.
-        config (dict): As ``timm_config`` returns.
-        source (str): The checkpoint the weights come from.
-        run_config (dict, optional): The training run's resolved config (stored in our
-            training checkpoints): data, recipe.
-        eval_result (dict, optional): ``eval_result.json`` of an eval.py run of these weights.
-        license_id (str): The card's ``license`` field (an SPDX id or ``other``).
-
-    Returns:
-        str: Markdown.
-    """
+def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | None = None,
+               eval_result: dict | None = None, license_id: str = "other") -> str:
+    """A ``README.md`` model card (Hugging Face's front matter, then Markdown) for the folder
+    ``repo_name`` with ``config`` (``timm_config``) of the weights of ``source``: the training
+    run's config stored in our checkpoints (``run_config``), an ``eval_result.json`` of them,
+    the ``license`` field (an SPDX id or ``other``) and how to load them."""
     arch, preprocessing = config["architecture"], config["pretrained_cfg"]
     origin = ("trained with MindSpore (this package) and exported" if run_config
               else "exported with this MindSpore package")
@@ -141,22 +119,13 @@ def model_card(repo_name, config, source, run_config=None, eval_result=None,
     return "\n".join(lines)
 
 
-def save_hub_folder(folder, state, config, card):
-    """Write ``model.safetensors``, ``config.json`` and ``README.md`` into ``folder``, each
-    file whole or not at all (temporary name, flushed, renamed).
-
-    Args:
-        folder (str): Created if missing.
-        state (dict[str, numpy.ndarray]): As ``torchvision_state`` returns.
-        config (dict): As ``timm_config`` returns.
-        card (str): As ``model_card`` returns.
-
-    Returns:
-        list[str]: The files written.
+def save_hub_folder(folder: str, state: dict[str, np.ndarray], config: dict,
+                    card: str) -> list[str]:
+    """Write ``model.safetensors`` (``state``), ``config.json`` and ``README.md`` into
+    ``folder`` (created if missing), each whole or not at all; returns the files.
 
     Raises:
-        WriteError: Naming the file that could not be written; an earlier file of that name
-            is left as it was.
+        WriteError: Naming the file that could not be written (an earlier one is kept).
     """
     from safetensors.numpy import save_file
     os.makedirs(folder, exist_ok=True)

@@ -1,14 +1,13 @@
 """The per-class report of an evaluation: accuracy, precision, recall and F1 per class, the
-confusion matrix, the misclassified images (most confident mistakes first), and the confusion
-matrix as a picture.
+confusion matrix (also as a picture), the misclassified images (most confident first).
 
 Definitions as scikit-learn's ``classification_report`` / ``confusion_matrix``: row = true
-class, column = predicted class (top-1); a class's accuracy is its recall (correct / images of
-the class); precision = correct / predicted as the class; F1 their harmonic mean; a ratio with
-a zero denominator is 0.
+class, column = predicted (top-1); a class's accuracy is its recall; a ratio with a zero
+denominator is 0. See docs/deployment.md#evaluation.
 """
 import os
 import tempfile
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -23,21 +22,21 @@ class ClassReport:
     """Accumulates an evaluation, batch by batch.
 
     Args:
-        class_num (int): Number of classes K.
-        names (list[str]): Class names in label order (K of them).
-        images (list[tuple(str, int)], optional): (file path, label) of each image in
-            evaluation order (class folders: ``src.data.pipeline.image_folder_files``), checked
-            against the labels evaluated; None: images are named by their index in
-            evaluation order (the CIFAR-10 binary format).
+        class_num: Number of classes K.
+        names: Class names in label order (K of them).
+        images: (file path, label) of each image in evaluation order (class folders:
+            ``src.data.pipeline.image_folder_files``), checked against the labels
+            evaluated; None: images are named by their index (the CIFAR-10 binary format).
     """
 
-    def __init__(self, class_num, names, images=None):
+    def __init__(self, class_num: int, names: Sequence[str],
+                 images: Sequence[tuple[str, int]] | None = None) -> None:
         self.class_num, self.names, self.images = class_num, list(names), images
         self.confusion = np.zeros((class_num, class_num), np.int64)
         self.mistakes = []  # (probability of the prediction, index, true, predicted)
         self.seen = 0
 
-    def update(self, logits, labels):
+    def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
         """Add a batch: ``logits`` float (N, K), ``labels`` int (N,)."""
         logits = np.asarray(logits, np.float64)
         labels = np.asarray(labels).astype(np.int64)
@@ -56,11 +55,11 @@ class ClassReport:
                                   int(predicted[i])))
         self.seen += len(labels)
 
-    def summary(self):
+    def summary(self) -> dict:
         """The report as JSON-ready data.
 
         Returns:
-            dict: ``per_class`` (one dict per class: ``class``, ``name``, ``images``,
+            ``per_class`` (one dict per class: ``class``, ``name``, ``images``,
             ``accuracy``, ``precision``, ``recall``, ``f1``), ``confusion_matrix`` (K lists of
             K ints, row = true class) and ``misclassified`` (``image``: the file path, or the
             index in evaluation order; ``true``, ``true_name``, ``predicted``,
@@ -87,7 +86,7 @@ class ClassReport:
                 "misclassified": misclassified}
 
 
-def top_confusions(confusion, names, top=TOP_CONFUSIONS):
+def top_confusions(confusion, names: Sequence[str], top: int = TOP_CONFUSIONS) -> list[str]:
     """The ``top`` largest off-diagonal cells as ``"true -> predicted: count"`` lines."""
     off = np.array(confusion, np.int64)
     np.fill_diagonal(off, 0)
@@ -96,7 +95,7 @@ def top_confusions(confusion, names, top=TOP_CONFUSIONS):
     return [f"{names[t]} -> {names[p]}: {off[t, p]}" for t, p in cells if off[t, p] > 0]
 
 
-def plot_confusion(confusion, names, path):
+def plot_confusion(confusion, names: Sequence[str], path: str) -> None:
     """Write the confusion matrix as a PNG (matplotlib), atomically: rows true classes,
     columns predicted, cells coloured by the share of the row; up to ``FULL_PLOT_CLASSES``
     classes every row and column is named and each cell shows its count; beyond, the picture

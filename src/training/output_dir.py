@@ -1,18 +1,14 @@
 """The output folder of a training run: one run per folder (held by a lock for the run's
 lifetime), an earlier run moved aside (never deleted) only when asked."""
-import contextlib
-import errno
-import fcntl
 import glob
 import json
 import os
-import socket
 import time
 
 from src.data.sampling import class_count_summary, class_counts
 from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE, training_labels, write_split_files
-from src.utils.errors import OutputDirError, WriteError
-from src.utils.files import atomic_write_text
+from src.utils.errors import OutputDirError
+from src.utils.files import FileLock, atomic_write_text
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 
 RECORDS = "metrics.jsonl"
@@ -155,90 +151,6 @@ def move_branch_aside(output_dir, later_files, done_steps):
         atomic_write_text(os.path.join(moved_to, RECORDS), "".join(later))
         trim_records(output_dir, done_steps)
     return moved_to
-
-
-class FileLock:
-    """An exclusive lock held until the process exits: ``fcntl.flock`` on ``path``, which
-    then holds ``host pid`` of the holder. The kernel releases the lock when its process ends
-    (killed or not), so a lock file left by a dead process is free: the next holder takes it
-    over and says whose it was.
-
-    Args:
-        path (str): The lock file (its folder must exist).
-        in_use (callable): ``in_use(holder)`` -> the message of the error raised when another
-            process holds the lock (``holder``: its ``host pid``, or ``unknown``).
-        what (str): What the lock guards, for the other messages.
-        remove (bool): Delete the lock file on ``release`` (a lock taken for one command);
-            otherwise it stays, naming its last holder.
-    """
-
-    def __init__(self, path, in_use, what, remove=False):
-        self.path = path
-        self.in_use = in_use
-        self.what = what
-        self.remove = remove
-        self.file = None
-
-    def acquire(self):
-        """Take the lock, or fail at once naming the holder.
-
-        Returns:
-            str or None: ``host pid`` of an earlier holder whose lock was free (it ended
-            without releasing the file), for a message; None if there was none.
-
-        Raises:
-            OutputDirError: If another process holds the lock (``in_use``'s message), or the
-                lock file cannot be created or locked.
-            WriteError: If the holder's name cannot be written into the lock file (disk
-                full), naming the file.
-        """
-        while True:
-            try:
-                handle = open(self.path, "a+", encoding="utf-8")  # held open while locked
-            except OSError as err:
-                raise OutputDirError(f"cannot create the lock file {self.path} of "
-                                     f"{self.what}: {err.strerror or err}") from err
-            handle.seek(0)
-            previous = handle.read().strip()
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                handle.close()
-                if err.errno in (errno.EAGAIN, errno.EACCES):
-                    raise OutputDirError(self.in_use(previous or "unknown")) from None
-                raise OutputDirError(f"cannot lock {self.what} ({self.path}): "
-                                     f"{err.strerror or err}") from err
-            if self._still_at_path(handle):
-                break
-            handle.close()  # a holder that deletes its file released it in between: again
-        try:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{socket.gethostname()} {os.getpid()}\n")
-            handle.flush()
-        except OSError as err:  # a full disk: the folder may be new, the file empty
-            with contextlib.suppress(OSError):  # close() flushes the rest again, and fails
-                handle.close()
-            raise WriteError(f"cannot write the lock file {self.path}: "
-                             f"{err.strerror or err}") from err
-        self.file = handle
-        return previous or None
-
-    def _still_at_path(self, handle):
-        try:
-            return os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
-        except FileNotFoundError:
-            return False
-
-    def release(self):
-        """Give the lock back (the file deleted first with ``remove``, while still held)."""
-        if self.file is not None:
-            if self.remove:
-                with contextlib.suppress(OSError):
-                    os.remove(self.path)
-            fcntl.flock(self.file, fcntl.LOCK_UN)
-            self.file.close()
-            self.file = None
 
 
 class OutputDirLock(FileLock):
