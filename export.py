@@ -69,8 +69,9 @@ from src.deploy.quantize import (
     select_calibration_images,
 )
 from src.models.bn_fold import fold_batchnorm
+from src.recipe import eval_preprocess, fill_from_weights
 from src.training.output_dir import FileLock
-from src.utils.checkpoint import pretrained_config, read_checkpoint, stored_config
+from src.utils.checkpoint import read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.device import setup_device
@@ -100,8 +101,7 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, reduce_range=False)
         export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    cfg.eval_image_size, cfg.eval_resize, reduce_range, cfg.eval_interpolation,
-                    cfg.exif_transpose)
+                    eval_preprocess(cfg), reduce_range)
 
 
 def check_exported(path, file_format, dynamic_batch=False):
@@ -182,8 +182,7 @@ def publish(cfg):
     net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, cfg.use_ema, None,
                        cfg.stem_pool_pad_mode)
     names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
-    config = timm_config(cfg.net_name, cfg.class_num, cfg.eval_image_size, cfg.eval_resize,
-                         cfg.eval_interpolation, names)
+    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names)
     run_config = eval_result = None
     if not is_pretrained_source(cfg.checkpoint_path):
         run_config = stored_config(read_checkpoint(cfg.checkpoint_path))
@@ -209,9 +208,7 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)  # calibration images
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
-    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
-        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
-                       cfg.checkpoint_path)
+    fill_from_weights(cfg, cfg.checkpoint_path)  # Hub weights: their settings unless set
     if cfg.file_format == "AIR":
         print(AIR_NOTE, file=sys.stderr)
     if cfg.file_format == "AIR" and cfg.device_target != "Ascend":

@@ -6,6 +6,7 @@ LP-FT's switch. Imported by the entry points, the benchmarks and the tests only.
 """
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -15,6 +16,7 @@ from src.data.class_names import CIFAR10_CLASSES
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.sampling import balanced_class_weights, class_counts
+from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.split import (
     checked_split,
     held_out_fraction,
@@ -37,8 +39,9 @@ from src.training.model import (
 from src.training.output_dir import record_training_images
 from src.training.profiler import parse_profile_steps
 from src.training.resume import epoch_seed, restore_training_state
-from src.utils.checkpoint import load_into_network
+from src.utils.checkpoint import load_into_network, pretrained_config
 from src.utils.config import INT32_MAX, ConfigError
+from src.utils.hub import is_pretrained_source
 
 TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning", "device",
                   "precision, distribution", "outputs", "performance", "training checkpoints")
@@ -323,68 +326,97 @@ def held_out(cfg):
     return held_out_fraction(cfg.val_split, cfg.eval_data_path)
 
 
+def eval_preprocess(cfg) -> EvalPreprocess:
+    """The eval preprocessing of the config (``eval_image_size``, ``eval_resize``,
+    ``eval_interpolation``, ``exif_transpose``)."""
+    return EvalPreprocess(image_size=cfg.eval_image_size, resize=cfg.eval_resize,
+                          interpolation=cfg.eval_interpolation,
+                          exif_transpose=cfg.exif_transpose)
+
+
+def train_augment(cfg) -> TrainAugment:
+    """The training crop and augmentations of the config."""
+    return TrainAugment(image_size=cfg.train_image_size, crop_scale=tuple(cfg.train_crop_scale),
+                        auto_augment=cfg.auto_augment,
+                        randaugment_num_ops=cfg.randaugment_num_ops,
+                        randaugment_magnitude=cfg.randaugment_magnitude,
+                        random_erasing=cfg.random_erasing, aug_repeats=cfg.aug_repeats,
+                        exif_transpose=cfg.exif_transpose)
+
+
+def fill_from_weights(cfg, source: str, eval_settings: bool = True) -> None:
+    """Hub weights (``source``): the keys the user did not set take the weights' values
+    (``pretrained_config``: network, and with ``eval_settings`` class count and eval
+    preprocessing), logged (``Config.fill_unset``); other sources: nothing.
+
+    Raises:
+        As ``src.utils.checkpoint.pretrained_config``.
+    """
+    if is_pretrained_source(source):
+        cfg.fill_unset(pretrained_config(source, cfg.user_value("net_name"),
+                                         eval_settings=eval_settings), source)
+
+
+def resolve_eval_preprocess(cfg, source: str) -> EvalPreprocess:
+    """The eval preprocessing of a run of the weights ``source``: the config's, the keys the
+    user left unset taken from Hub weights' ``config.json`` (``fill_from_weights``), as
+    timm's ``resolve_data_config``. Once per entry point (eval, predict, export)."""
+    fill_from_weights(cfg, source)
+    return eval_preprocess(cfg)
+
+
 @dataclass
 class TrainData:
     """The training data as a run sees it (``build_data``).
 
     Attributes:
-        data_args (dict): ``create_dataset`` keywords of the eval pipeline of data_path.
-        train_args (dict): ``create_dataset`` keywords of the training pipeline (with the
-            augmentations, the ``val_split`` indices, the class-balanced sampler).
-        eval_args (dict): ``create_dataset`` keywords of ``run_eval``'s pipeline.
-        shards (dict): ``num_shards``/``shard_id`` in data parallel, else empty.
-        steps_per_epoch (int): Optimizer steps per epoch (per device).
-        batches_per_epoch (int): Batches of ``batch_size`` read per epoch
-            (``grad_accumulation_steps`` per optimizer step).
-        cut_epochs (bool): The pipeline gives more batches and is cut to
-            ``batches_per_epoch``.
-        class_names (list[str]): The class names, in label order.
-        train_images (int): Training images of all devices (stored in the checkpoints,
-            checked on resume).
+        data_args: ``create_dataset`` keywords of the eval pipeline of data_path.
+        train_args: ``create_dataset`` keywords of the training pipeline.
+        eval_args: ``create_dataset`` keywords of ``run_eval``'s pipeline.
+        shards: ``num_shards``/``shard_id`` in data parallel, else empty.
+        steps_per_epoch: Optimizer steps per epoch (per device).
+        batches_per_epoch: Batches read per epoch (``grad_accumulation_steps`` per step).
+        cut_epochs: The pipeline gives more batches and is cut to ``batches_per_epoch``.
+        class_names: The class names, in label order.
+        train_images: Training images of all devices (checked on resume).
     """
 
-    data_args: dict
-    train_args: dict
-    eval_args: dict
-    shards: dict
+    data_args: dict[str, Any]
+    train_args: dict[str, Any]
+    eval_args: dict[str, Any]
+    shards: dict[str, int]
     steps_per_epoch: int
     batches_per_epoch: int
     cut_epochs: bool
-    class_names: list
+    class_names: list[str]
     train_images: int
 
 
-def build_data(cfg, rank, device_num):
-    """The training data as the run sees it (``TrainData``).
-    With ``val_split`` the training pipeline reads the training part of data_path and
-    ``eval_args`` the held-out part (``split_image_folder``); ``class_balance sampler`` draws
-    class-balanced; ``aug_repeats`` reads each drawn image that many times, the epoch as long
-    as without (``src.data.sampling.EpochSampler``), so ``steps_per_epoch`` is the cut
-    epoch's.
+def build_data(cfg, rank: int, device_num: int) -> TrainData:
+    """The training data as the run sees it: ``val_split``'s parts, ``class_balance
+    sampler``, ``aug_repeats``; ``steps_per_epoch`` is the cut epoch's. See
+    docs/data.md#sampling.
 
     Raises:
         ConfigError: If an epoch has no full batch, the run has more steps than
-            ``INT32_MAX`` (checked before the LR schedule, one value per step, is built), the
-            class count is not ``class_num``,
-            the eval folder's classes differ from the training folder's, or ``val_split``
-            leaves a class without a training or validation image.
+            ``INT32_MAX``, the class count is not ``class_num``, the eval folder's classes
+            differ, or ``val_split`` leaves a class without an image.
     """
-    data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size,
-                     image_size=cfg.eval_image_size, eval_resize=cfg.eval_resize,
-                     eval_interpolation=cfg.eval_interpolation, exif_transpose=cfg.exif_transpose,
-                     num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
-    train_args = train_data_args(cfg, data_args)
-    eval_args = data_args
+    data_args = dict(settings=eval_preprocess(cfg), dataset=cfg.dataset,
+                     batch_size=cfg.batch_size, num_parallel_workers=cfg.num_parallel_workers,
+                     check_images=cfg.check_images)
+    shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
+    train_indices, eval_args = None, data_args
     if held_out(cfg):  # eval_data_path, if given, wins over val_split
         split = split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
-        train_args["indices"], eval_args = split.train, dict(data_args, indices=split.val)
-    if cfg.class_balance == "sampler":
-        train_args["balance_classes"] = True
-    shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
-    train_set = create_dataset(cfg.data_path, is_training=True, **train_args, **shards)
+        train_indices, eval_args = split.train, dict(data_args, sampling=Sampling(
+            indices=split.val))
+    train_args = dict(data_args, settings=train_augment(cfg), sampling=Sampling(
+        indices=train_indices, balance_classes=cfg.class_balance == "sampler", **shards))
+    train_set = create_dataset(cfg.data_path, **train_args)
     batches = train_set.get_dataset_size()
     train_images = count_images(cfg.data_path, is_training=True, dataset=cfg.dataset,
-                                indices=train_args.get("indices"))
+                                indices=train_indices)
     steps_per_epoch = batches // cfg.grad_accumulation_steps
     if steps_per_epoch == 0:
         raise ConfigError(f"data_path {cfg.data_path} gives {batches} full batches of "
@@ -412,16 +444,6 @@ def build_data(cfg, rank, device_num):
                      class_names=class_names, train_images=train_images)
 
 
-def train_data_args(cfg, data_args):
-    """Keyword arguments of the training pipeline: batches of ``batch_size`` (one ``Model``
-    step each; ``grad_accumulation_steps`` of them make an optimizer step), with the
-    augmentations."""
-    return dict(data_args, image_size=cfg.train_image_size, crop_scale=cfg.train_crop_scale,
-                auto_augment=cfg.auto_augment, randaugment_num_ops=cfg.randaugment_num_ops,
-                randaugment_magnitude=cfg.randaugment_magnitude,
-                random_erasing=cfg.random_erasing, aug_repeats=cfg.aug_repeats)
-
-
 def batch_mixer(cfg, seed):
     """The mixup/cutmix op of the training batches (None when both are off), its draws a
     function of (``seed``, batch number) only."""
@@ -438,7 +460,7 @@ def training_pipeline(cfg, data, seed):
     step never straddle two epochs). The image check ran when the first pipeline was built
     (``src.data.image_check`` checks a folder once)."""
     ds.config.set_seed(seed)
-    dataset = create_dataset(cfg.data_path, is_training=True, **data.train_args, **data.shards,
+    dataset = create_dataset(cfg.data_path, **data.train_args,
                              batch_transform=batch_mixer(cfg, seed))
     return dataset.take(data.batches_per_epoch) if data.cut_epochs else dataset
 

@@ -21,6 +21,11 @@ import re
 import yaml
 
 from src.utils.errors import UserError
+from src.utils.image_constants import (
+    MAGNITUDE_BINS,
+    RANDAUGMENT_MAX_MAGNITUDE,
+    RANDAUGMENT_MAX_OPS,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = os.path.join(ROOT, "config.yaml")
@@ -411,11 +416,12 @@ def check_values(cfg):
     if not 0 <= cfg.trainable_layers <= 5:
         raise ConfigError(f"trainable_layers must be in 0..5 (0 = only fc, 5 = every layer), "
                           f"got {cfg.trainable_layers}")
-    if not 0 <= cfg.randaugment_num_ops <= 3:
-        raise ConfigError(f"randaugment_num_ops must be in 0..3, got {cfg.randaugment_num_ops}")
-    if not 0 <= cfg.randaugment_magnitude <= 30:
-        raise ConfigError(f"randaugment_magnitude must be in 0..30 (31 bins), got "
-                          f"{cfg.randaugment_magnitude}")
+    if not 0 <= cfg.randaugment_num_ops <= RANDAUGMENT_MAX_OPS:
+        raise ConfigError(f"randaugment_num_ops must be in 0..{RANDAUGMENT_MAX_OPS}, got "
+                          f"{cfg.randaugment_num_ops}")
+    if not 0 <= cfg.randaugment_magnitude <= RANDAUGMENT_MAX_MAGNITUDE:
+        raise ConfigError(f"randaugment_magnitude must be in 0..{RANDAUGMENT_MAX_MAGNITUDE} "
+                          f"({MAGNITUDE_BINS} bins), got {cfg.randaugment_magnitude}")
     low, high = (cfg.train_crop_scale + [None, None])[:2]
     if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
         raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "

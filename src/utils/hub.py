@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from src.utils.errors import MissingFileError, UserError
+from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS
 
 HUB_PREFIX = "hf-hub:"
 WEIGHTS_FILE = "model.safetensors"
@@ -38,10 +39,6 @@ KNOWN_IDS = ("timm/resnet18.tv_in1k", "timm/resnet34.tv_in1k", "timm/resnet50.tv
              "timm/resnet50.tv2_in1k", "timm/resnet101.tv2_in1k", "timm/resnet152.tv2_in1k",
              "timm/resnet50.a1_in1k")
 """Hub ids of ImageNet weights that fit (docs/finetune.md lists their top-1 and eval settings)."""
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-INTERPOLATIONS = ("bilinear", "bicubic")
-"""Eval resize filters this package applies (PIL's, as torchvision and timm on PIL images)."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
