@@ -147,7 +147,8 @@ def test_an_explicit_eval_data_path_wins_over_val_split(folder, caplog):
     data = recipe.build_data(cfg, 0, 1)
     assert data.train_args["sampling"].indices is None and "sampling" not in data.eval_args
     with caplog.at_level(logging.INFO):
-        recipe.record_run_images(cfg, False, data.class_names, False, logging.getLogger("t"))
+        recipe.record_run_images(cfg, continues_here=False, class_names=data.class_names,
+                                 write=False, log=logging.getLogger("t"))
     assert "val_split 0.25 not applied: eval_data_path" in caplog.text
     assert "training images per class: 3 classes, 30 images" in caplog.text  # all of them
 
@@ -259,8 +260,8 @@ def test_a_resumed_run_refuses_a_changed_split(folder, tmp_path, caplog):
     def record(seed, continues_here, *extra):
         cfg = parse_config(["--data_path", folder, "--val_split", "0.25", "--seed", str(seed),
                             "--output_dir", str(tmp_path), "--class_num", "3", *extra])
-        recipe.record_run_images(cfg, continues_here, list(COUNTS), True,
-                                 logging.getLogger("t"))
+        recipe.record_run_images(cfg, continues_here=continues_here, class_names=list(COUNTS),
+                                 write=True, log=logging.getLogger("t"))
 
     record(1, False)
     first = (tmp_path / VAL_SPLIT_FILE).read_text()

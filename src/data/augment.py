@@ -39,7 +39,7 @@ def rand_augment_space(image_size: int, num_bins: int = MAGNITUDE_BINS) -> dict:
                           enhance=0.9, posterize_drop=4)
 
 
-def _augment_space(num_bins, shear, shift, rotate, enhance, posterize_drop):
+def _augment_space(num_bins, *, shear, shift, rotate, enhance, posterize_drop):
     """The op table both spaces share: each magnitude linear from 0 to its maximum over the
     bins (Solarize from 255 down to 0), Posterize from 8 bits down to 8 - ``posterize_drop``."""
     def ramp(top):
@@ -194,18 +194,9 @@ class RandomErasing:
     timm's ``mode="pixel"``, on a normalized float32 CHW image: with probability ``prob`` one
     rectangle (area from ``scale``, aspect log-uniform from ``ratio``, 10 tries) filled with
     standard normal noise. Each image draws from its own generator seeded with (``seed``,
-    CRC-32 of its bytes): deterministic under parallel workers
-    (docs/augmentations.md#random-erasing).
-
-    Args:
-        prob (float): Probability of erasing, in [0, 1].
-        scale (tuple(float, float)): Erased area range, fraction of the image area.
-        ratio (tuple(float, float)): Aspect ratio (height / width) range.
-        seed (int, optional): Base seed; default the dataset seed.
-
-    Raises:
-        ValueError: If ``prob`` is not in [0, 1] (names the value).
-    """
+    CRC-32 of its bytes; default seed: the dataset seed when built), deterministic under
+    parallel workers (docs/augmentations.md#random-erasing). Raises ValueError for a ``prob``
+    outside [0, 1]."""
 
     max_attempts = 10
 
@@ -215,7 +206,7 @@ class RandomErasing:
         self.prob, self.scale, self.ratio = prob, tuple(scale), tuple(ratio)
         self.seed = ds.config.get_seed() if seed is None else seed
 
-    def __call__(self, image):
+    def __call__(self, image: np.ndarray) -> np.ndarray:
         """``image`` float32 (C, H, W) -> the same array, or an erased copy."""
         rng = np.random.default_rng([self.seed, zlib.crc32(np.ascontiguousarray(image))])
         if rng.random() >= self.prob:
@@ -229,7 +220,8 @@ class RandomErasing:
             (image.shape[0], height, width), dtype=np.float32)
         return erased
 
-    def rectangle(self, shape, rng):
+    def rectangle(self, shape: tuple[int, int],
+                  rng: np.random.Generator) -> tuple[int, int, int, int] | None:
         """(top, left, height, width) of a rectangle inside ``shape`` (H, W), or None."""
         image_h, image_w = shape
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))

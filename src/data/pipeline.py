@@ -33,26 +33,20 @@ def create_dataset(data_path: str, settings: TrainAugment | EvalPreprocess, *,
                    sampling: Sampling | None = None, num_parallel_workers: int = 4,
                    check_images: bool = True,
                    batch_transform: Callable | None = None) -> ds.Dataset:
-    """Build a batched classification dataset.
+    """A batched classification dataset: ``image`` float32 (batch, 3, size, size) normalized,
+    ``label`` int32 (batch,), or as ``batch_transform`` returns.
 
     Args:
-        data_path: Class-folder root (``imagefolder``) or folder of the CIFAR-10 ``.bin``
-            files (``cifar10``).
-        settings: ``TrainAugment`` (training: random augmentation, shuffled, the last partial
-            batch dropped) or ``EvalPreprocess`` (eval: in order, every image kept).
+        data_path: Class-folder root, or folder of the CIFAR-10 ``.bin`` files.
+        settings: ``TrainAugment`` (training: augmented, shuffled, last partial batch
+            dropped) or ``EvalPreprocess`` (eval: in order, every image).
         dataset: ``imagefolder`` or ``cifar10`` (``DATASET_READERS``).
         batch_size: Images per batch on this device.
-        sampling: Which images, order, shard (``Sampling``; None: its defaults); with ``indices``,
-            ``balance_classes`` or ``aug_repeats`` an ``EpochSampler`` seeded with the
-            dataset seed now (docs/data.md#sampling).
+        sampling: Which images, order, shard (docs/data.md#sampling); None: all, in order.
         num_parallel_workers: Worker threads, capped at the CPU count.
         check_images: ``imagefolder``: check every file first (``src.data.image_check``).
         batch_transform: Training only: ``f(images, labels, batch_info) -> (images,
-            targets)`` on numpy batches (e.g. mixup), run in one worker in batch order.
-
-    Returns:
-        mindspore.dataset.Dataset: ``image`` float32 (batch, 3, size, size), ``label`` int32
-        (batch,), or as ``batch_transform`` returns.
+            targets)`` on numpy batches (mixup, CutMix).
 
     Raises:
         MissingFileError: If ``data_path`` is not a folder or lacks the CIFAR-10 files.

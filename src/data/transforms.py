@@ -23,15 +23,9 @@ SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # Pillow's 16-bit 
 
 
 def decode_rgb(data: np.ndarray | bytes, exif_transpose: bool = False) -> Image.Image:
-    """Encoded image bytes -> an 8-bit RGB Pillow image: Pillow's decode, except that 16-bit
-    greyscale keeps each pixel's high byte, as the training decoder (OpenCV) does
-    (docs/data.md#preprocessing).
-
-    Args:
-        data: The encoded file (uint8).
-        exif_transpose: Turn the image upright by its EXIF Orientation tag
-            (``ImageOps.exif_transpose``); False: the stored pixels, as MindSpore,
-            torchvision and timm read them.
+    """Encoded image bytes -> an 8-bit RGB Pillow image: Pillow's decode, 16-bit greyscale by
+    each pixel's high byte as the training decoder (docs/data.md#preprocessing);
+    ``exif_transpose``: turned upright by its EXIF Orientation tag first.
 
     Raises:
         ValueError: If the image has more pixels than the limit (``set_max_image_pixels``)
