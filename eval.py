@@ -41,19 +41,18 @@ from src.data import pipeline
 from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, image_folder_files
+from src.data.settings import Sampling
 from src.deploy import formats
 from src.deploy.report import ClassReport, plot_confusion
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
-from src.recipe import network_kwargs, split_indices
+from src.recipe import network_kwargs, resolve_eval_preprocess, split_indices
 from src.training.loss import CrossEntropySmooth
 from src.training.model import classification_metrics
 from src.utils import device
-from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.files import atomic_write_text, check_output_dir
-from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
@@ -147,9 +146,7 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
-    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
-        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
-                       cfg.checkpoint_path)
+    preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
     formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before slow work
     if cfg.benchmark_steps:
         device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
@@ -161,13 +158,11 @@ def main(argv=None):
     check_output_dir(cfg.output_dir, create=False)
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
-    dataset = pipeline.create_dataset(cfg.data_path, is_training=False, dataset=cfg.dataset,
-                             batch_size=cfg.batch_size, image_size=cfg.eval_image_size,
-                             eval_resize=cfg.eval_resize,
-                             eval_interpolation=cfg.eval_interpolation,
-                             exif_transpose=cfg.exif_transpose,
-                             num_parallel_workers=cfg.num_parallel_workers,
-                             check_images=cfg.check_images, indices=indices)
+    dataset = pipeline.create_dataset(cfg.data_path, preprocess, dataset=cfg.dataset,
+                                      batch_size=cfg.batch_size,
+                                      sampling=Sampling(indices=indices),
+                                      num_parallel_workers=cfg.num_parallel_workers,
+                                      check_images=cfg.check_images)
     total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices)
     predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
                                      cfg.batch_size, use_ema=cfg.use_ema,

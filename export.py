@@ -63,8 +63,9 @@ from src.deploy.quantize import (
     select_calibration_images,
 )
 from src.models.bn_fold import fold_batchnorm
+from src.recipe import eval_preprocess, fill_from_weights
 from src.utils import device
-from src.utils.checkpoint import pretrained_config, read_checkpoint, stored_config
+from src.utils.checkpoint import read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.errors import WriteError
@@ -89,8 +90,7 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=Fal
         formats.export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         formats.check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    cfg.eval_image_size, cfg.eval_resize, reduce_range, cfg.eval_interpolation,
-                    cfg.exif_transpose)
+                    eval_preprocess(cfg), reduce_range)
 
 
 def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
@@ -141,8 +141,7 @@ def publish(cfg):
                                  use_ema=cfg.use_ema, device_target=None,
                                  stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
-    config = timm_config(cfg.net_name, cfg.class_num, cfg.eval_image_size, cfg.eval_resize,
-                         cfg.eval_interpolation, names)
+    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names)
     run_config = eval_result = None
     if not is_pretrained_source(cfg.checkpoint_path):
         run_config = stored_config(read_checkpoint(cfg.checkpoint_path))
@@ -168,9 +167,7 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)  # calibration images
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
-    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
-        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
-                       cfg.checkpoint_path)
+    fill_from_weights(cfg, cfg.checkpoint_path)  # Hub weights: their settings unless set
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)

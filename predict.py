@@ -36,11 +36,10 @@ from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy import formats, inference
 from src.deploy.inference import chunks, list_images, softmax
+from src.recipe import resolve_eval_preprocess
 from src.utils import device
-from src.utils.checkpoint import pretrained_config
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 
@@ -66,8 +65,7 @@ def check_class_count(cfg, outputs):
                           f"{cfg.class_num}: pass --class_num {outputs}")
 
 
-def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
-                       interpolation="bilinear", exif_transpose=False):
+def predict_in_batches(predict, paths, batch_size, preprocess):
     """Classify images a batch at a time: only ``batch_size`` images are read and held at
     once, whatever the number of paths.
 
@@ -75,18 +73,14 @@ def predict_in_batches(predict, paths, batch_size, image_size, eval_resize,
         predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K).
         paths (list[str]): Image files.
         batch_size (int): Images read, preprocessed and predicted together.
-        image_size (int): Center crop, pixels.
-        eval_resize (int): Shorter side before the crop, pixels.
-        interpolation (str): The resize filter, ``bilinear`` or ``bicubic``.
-        exif_transpose (bool): Turn each image upright by its EXIF Orientation tag first.
+        preprocess (EvalPreprocess): The eval preprocessing (``preprocess_images``).
 
     Yields:
         tuple(list[str], numpy.ndarray): The paths of a batch and their class probabilities,
         float (len(batch), K).
     """
     for batch in chunks(paths, batch_size):
-        yield batch, softmax(predict(inference.preprocess_images(batch, image_size, eval_resize,
-                                                       interpolation, exif_transpose)))
+        yield batch, softmax(predict(inference.preprocess_images(batch, preprocess)))
 
 
 def top_classes(probs, names, top_k):
@@ -109,9 +103,7 @@ def main(argv=None):
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
-    if is_pretrained_source(cfg.checkpoint_path):  # Hub weights: their settings unless set
-        cfg.fill_unset(pretrained_config(cfg.checkpoint_path, cfg.user_value("net_name")),
-                       cfg.checkpoint_path)
+    preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
@@ -131,9 +123,7 @@ def main(argv=None):
                                      runtime=cfg.runtime)
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
-        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, cfg.eval_image_size,
-                                               cfg.eval_resize, cfg.eval_interpolation,
-                                               cfg.exif_transpose):
+        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess):
             if names is None:
                 check_class_count(cfg, probs.shape[1])
                 names = class_names_for(cfg, probs.shape[1])

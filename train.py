@@ -134,7 +134,8 @@ def main(argv=None):
     recipe = step_recipe(cfg, amp_level)
     model, ema = training_model(cfg, net, lr, amp_level, recipe)
     probe_end = cfg.linear_probe_epochs * data.steps_per_epoch  # LP-FT: fc alone until then
-    fine_tune = FineTuning(cfg, recipe, lr, probe_end, ema, device_num, log) if probe_end else None
+    fine_tune = FineTuning(cfg, recipe=recipe, lr=lr, probe_end=probe_end, ema=ema,
+                           device_num=device_num, log=log) if probe_end else None
 
     # ---- resume (the same recipe, step of the data and of the LR) ----
     run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log,
@@ -323,7 +324,8 @@ def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
     if is_main:
         atomic_write_text(os.path.join(cfg.output_dir, "config.yaml"), cfg.to_yaml())
         write_class_names(os.path.join(cfg.output_dir, CLASS_NAMES_FILE), class_names)
-    record_run_images(cfg, run.continues_here, class_names, is_main, log, split)
+    record_run_images(cfg, continues_here=run.continues_here, class_names=class_names,
+                      write=is_main, log=log, checked=split)
     return log
 
 
@@ -385,8 +387,9 @@ def build_callbacks(cfg, run, data, model, *, net, ema, lr, global_batch, amp_le
                               on_ema=cfg.best_on_ema and ema is not None, write=is_main)
         best.restore(run.best, run.folder_best)  # the checkpoints' best, not metrics.jsonl's
         shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
-        evaluator = build_evaluator(cfg, model, net, ema, shard, amp_level,
-                                    best.metric if cfg.tensorboard else None)
+        evaluator = build_evaluator(cfg, model=model, net=net, ema=ema, shard=shard,
+                                    amp_level=amp_level,
+                                    confusion_of=best.metric if cfg.tensorboard else None)
     state = StepState(run.start_step, cfg.max_overflow_fraction, cfg.grad_accumulation_steps)
     tracker = (TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER),
                               purge_step=run.start_step + 1, logger=log)

@@ -145,6 +145,7 @@ def ms_train_loop(args):
     from mindspore.train import Callback
 
     from src.data.pipeline import create_dataset
+    from src.data.settings import TrainAugment
 
     class Clock(Callback):
         """Wall-clock time at the start and after every ``loop_steps`` steps."""
@@ -159,8 +160,8 @@ def ms_train_loop(args):
                 self.times.append(time.perf_counter())
 
     batches = (1 + args.steps) * args.loop_steps
-    data = create_dataset(args.data_path, is_training=True, batch_size=args.batch_size,
-                          image_size=args.image_size, num_parallel_workers=args.threads)
+    data = create_dataset(args.data_path, TrainAugment(image_size=args.image_size),
+                          batch_size=args.batch_size, num_parallel_workers=args.threads)
     data = data.repeat(-(-batches // data.get_dataset_size())).take(batches)
     model = ms_model(args)
     clock = Clock()
@@ -206,12 +207,13 @@ def ort_infer(args, name="net"):
 def data_pipeline(args, augment=None):
     """The training data pipeline alone: one iterator over the repeated dataset; each call
     pulls ``loop_steps`` batches (the first call also starts the pipeline). ``augment``: extra
-    augmentation arguments of ``create_dataset``."""
+    ``TrainAugment`` fields."""
     ms_setup()
     from src.data.pipeline import create_dataset
-    data = create_dataset(args.data_path, is_training=True, batch_size=args.batch_size,
-                          image_size=args.image_size, num_parallel_workers=args.threads,
-                          **(augment or {}))
+    from src.data.settings import TrainAugment
+    data = create_dataset(args.data_path,
+                          TrainAugment(image_size=args.image_size, **(augment or {})),
+                          batch_size=args.batch_size, num_parallel_workers=args.threads)
     batches = data.repeat().create_tuple_iterator(output_numpy=True)
 
     def run():

@@ -1,20 +1,23 @@
-"""The recipe: the one place below the entry points that reads the config (``Config``). Its
-adapters turn config keys into the plain arguments of the library (timm's
-``optimizer_kwargs(cfg)`` style; the ``create_*`` factories take no config): the checks of a
-training config, the network, the training ``Model``, the data pipelines, the evaluator and
-LP-FT's switch. Imported by the entry points, the benchmarks and the tests only.
+"""The recipe: the one module below the entry points that reads the config (``Config``). Its
+adapters turn config keys into the library's plain arguments (timm's ``optimizer_kwargs``
+style): training-config checks, network, training ``Model``, data settings and pipelines,
+evaluator, LP-FT's switch. Imported by the entry points, benchmarks and tests only.
 """
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, fields
 from functools import partial
+from typing import Any
 
 import mindspore as ms
 import mindspore.dataset as ds
+import mindspore.nn as nn
 import numpy as np
 
 from src.data.class_names import CIFAR10_CLASSES
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.sampling import balanced_class_weights, class_counts
+from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.split import (
     checked_split,
     held_out_fraction,
@@ -24,7 +27,7 @@ from src.data.split import (
 )
 from src.models.freeze import set_trainable
 from src.models.resnet import create_network, last_feature_map_side
-from src.training.evaluator import Evaluator
+from src.training.evaluator import EvalShard, Evaluator
 from src.training.loop import TrainPlan
 from src.training.model import (
     StepRecipe,
@@ -37,8 +40,10 @@ from src.training.model import (
 from src.training.output_dir import record_training_images
 from src.training.profiler import parse_profile_steps
 from src.training.resume import epoch_seed, restore_training_state
-from src.utils.checkpoint import load_into_network
-from src.utils.config import INT32_MAX, ConfigError
+from src.training.train_step import WeightEma
+from src.utils.checkpoint import load_into_network, pretrained_config
+from src.utils.config import INT32_MAX, Config, ConfigError
+from src.utils.hub import is_pretrained_source
 
 TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning", "device",
                   "precision, distribution", "outputs", "performance", "training checkpoints")
@@ -47,13 +52,13 @@ TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuni
 
 # ---- checks of a training config ----
 
-def check_train_config(cfg):
+def check_train_config(cfg: Config) -> None:
     """Reject training values that cannot work, naming the key (ranges: ``check_values``).
 
     Raises:
-        ConfigError: For an empty ``data_path``, ``run_eval`` with nothing to evaluate on,
-            ``check_split_and_balance``'s cases, a bad ``profile_steps``, a linear probe as
-            long as the run, or a batch whose last BatchNorm layers see one value per channel.
+        ConfigError: Empty ``data_path``, ``run_eval`` without eval data, a bad split, balance
+            or ``profile_steps``, a linear probe as long as the run, or a last-stage BatchNorm
+            seeing one value per channel.
     """
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the training data folder")
@@ -76,13 +81,10 @@ def check_train_config(cfg):
                           f"more, a train_image_size above 32, or freeze_bn true")
 
 
-def check_split_and_balance(cfg):
-    """Reject ``val_split``, ``class_balance`` and ``split_file`` values train.py cannot use
-    (the ranges: ``check_values``; a class too small to split: ``split_image_folder``).
-
-    Raises:
-        ConfigError: For a ``split_file`` (eval.py's key), or ``val_split`` or
-            ``class_balance`` with the cifar10 binaries.
+def check_split_and_balance(cfg: Config) -> None:
+    """Raises:
+        ConfigError: For a ``split_file`` (eval.py's key), or ``val_split`` / ``class_balance``
+            with the cifar10 binaries.
     """
     if cfg.split_file:
         raise ConfigError(f"split_file {cfg.split_file} is read by eval.py only: train.py holds "
@@ -95,19 +97,14 @@ def check_split_and_balance(cfg):
                               f"balanced (5000 training images per class)")
 
 
-def resolve_sink_size(cfg, steps_per_epoch):
-    """Steps per dataset-sink call, 0 for step-by-step training: ``dataset_sink_mode`` auto is
-    sink mode on GPU/Ascend in graph mode; ``sink_size`` 0 is one epoch.
+def resolve_sink_size(cfg: Config, steps_per_epoch: int) -> int:
+    """Steps per dataset-sink call, 0 for step-by-step training (``dataset_sink_mode`` auto: sink
+    mode on GPU/Ascend in graph mode; ``sink_size`` 0: one epoch).
 
     Raises:
-        ConfigError: For ``dataset_sink_mode true`` on CPU: MindSpore 2.10's ``Model.train``
-            runs no sink mode there (it logs that and trains step by step, each "epoch" a
-            whole pass of the data), so the sink calls would not be what they claim. Also in
-            PyNative mode, where ``Model.train`` calls the step callbacks once per step even
-            in sink mode, so a callback would not end ``sink_size`` steps. In sink mode, for
-            a ``sink_size`` larger than an epoch or one that does not divide it (epochs must
-            end on call boundaries: the epoch's record, evaluation and checkpoint happen
-            there); the message names both numbers and the divisors nearest.
+        ConfigError: For ``dataset_sink_mode true`` on CPU (MindSpore has no sink mode there) or
+            in PyNative mode, or a ``sink_size`` above an epoch or not dividing it (epochs end
+            on call boundaries; names the nearest divisors).
     """
     if cfg.dataset_sink_mode == "true" and cfg.device_target == "CPU":
         raise ConfigError("dataset_sink_mode true: MindSpore has no dataset sink mode on CPU "
@@ -138,38 +135,28 @@ def resolve_sink_size(cfg, steps_per_epoch):
 
 # ---- the training Model: loss, optimizer, TrainStep, EMA ----
 
-def optimizer_kwargs(cfg):
+def optimizer_kwargs(cfg: Config) -> dict[str, Any]:
     """Keywords of ``create_optimizer`` from the config (timm's ``optimizer_kwargs``)."""
     return dict(optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                 beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, layer_decay=cfg.layer_decay,
                 head_lr_scale=cfg.head_lr_scale, trust_coeff=cfg.trust_coeff)
 
 
-def loss_kwargs(cfg):
-    """Keywords of ``create_loss`` besides ``label_smoothing`` and ``class_num``: the loss,
-    soft targets when mixup or CutMix is on, the ``class_balance loss`` weights.
-
-    Raises:
-        ConfigError, ValueError: As ``loss_class_weights``.
-    """
+def loss_kwargs(cfg: Config) -> dict[str, Any]:
+    """Keywords of ``create_loss`` besides ``label_smoothing`` and ``class_num``: the loss, soft
+    targets with mixup/CutMix, the ``class_balance loss`` weights (``loss_class_weights``)."""
     return dict(loss=cfg.loss, bce_target_threshold=cfg.bce_target_threshold,
                 soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),
                 class_weights=loss_class_weights(cfg))
 
 
-def loss_class_weights(cfg):
-    """The class weights of ``class_balance loss``: scikit-learn's "balanced" weights
-    ``n / (K * count_c)`` (``src.data.sampling.balanced_class_weights``) of the images the
-    run trains on (``data_path`` without the part ``val_split`` holds out: ``held_out``);
-    None for the other ``class_balance`` values. ``benchmark_steps`` reads no data: weights
-    of 1 (the same ops, the same cost).
-
-    Returns:
-        numpy.ndarray or None: float32 (class_num,).
+def loss_class_weights(cfg: Config) -> np.ndarray | None:
+    """``class_balance loss``'s weights, float32 (class_num,): scikit-learn's "balanced"
+    ``n / (K * count_c)`` over the images the run trains on; None for the other values; ones with
+    ``benchmark_steps`` (no data read).
 
     Raises:
-        ConfigError: As ``src.data.split.split_image_folder``.
-        ValueError: If a class has no training image (``class_num`` above the folder's).
+        ConfigError, ValueError: As ``split_image_folder``, or for a class without images.
     """
     if cfg.class_balance != "loss":
         return None
@@ -179,12 +166,8 @@ def loss_class_weights(cfg):
     return balanced_class_weights(class_counts(labels, cfg.class_num))
 
 
-def step_recipe(cfg, amp_level):
-    """The ``StepRecipe`` of the config under the resolved ``amp_level``.
-
-    Raises:
-        ConfigError, ValueError: As ``loss_class_weights``.
-    """
+def step_recipe(cfg: Config, amp_level: str) -> StepRecipe:
+    """The ``StepRecipe`` of the config under ``amp_level`` (raises as ``loss_class_weights``)."""
     return StepRecipe(
         amp_level=amp_level, device_target=cfg.device_target, class_num=cfg.class_num,
         label_smoothing=cfg.label_smoothing, optimizer_kwargs=optimizer_kwargs(cfg),
@@ -195,26 +178,17 @@ def step_recipe(cfg, amp_level):
         allreduce_per=resolve_allreduce_per(cfg.grad_accumulation_allreduce, cfg.device_target))
 
 
-def training_model(cfg, net, lr, amp_level, recipe=None):
-    """The training ``Model`` of ``net`` under the config (``src.training.model.build_model``).
-
-    Args:
-        cfg (Config): The resolved config.
-        net (nn.Cell): The network (fp32 parameters).
-        lr (numpy.ndarray or float): LR per optimizer step (``create_lr``) or a constant.
-        amp_level (str): The resolved AMP level (``resolve_amp_level``).
-        recipe (StepRecipe, optional): Built here if not given (``step_recipe``).
-
-    Returns:
-        tuple: (``Model``, the ``WeightEma`` or None), as ``build_model``.
-    """
+def training_model(cfg: Config, net: nn.Cell, lr: np.ndarray | float, amp_level: str,
+                   recipe: StepRecipe | None = None) -> tuple:
+    """The training ``Model`` of ``net`` and its ``WeightEma`` or None (``build_model``): ``lr`` per
+    optimizer step or constant, ``recipe`` default ``step_recipe(cfg, amp_level)``."""
     return build_model(net, lr, recipe or step_recipe(cfg, amp_level), cfg.ema_decay,
                        cfg.ema_warmup)
 
 
 # ---- the network ----
 
-def network_kwargs(cfg):
+def network_kwargs(cfg: Config) -> dict[str, Any]:
     """``create_network``'s arguments of the configured architecture: ``net_name``,
     ``class_num``, ``zero_init_residual``, ``device_target``, ``stem_pool_pad_mode``."""
     return dict(net_name=cfg.net_name, class_num=cfg.class_num,
@@ -222,22 +196,17 @@ def network_kwargs(cfg):
                 stem_pool_pad_mode=cfg.stem_pool_pad_mode)
 
 
-def training_network(cfg, rank=0):
+def training_network(cfg: Config, rank: int = 0) -> nn.Cell:
     """The configured ResNet as it trains on data-parallel rank ``rank``: with its stochastic
     depth (``drop_path_rate``, drawn from ``seed`` and the rank)."""
     return create_network(**network_kwargs(cfg), drop_path_rate=cfg.drop_path_rate,
                           drop_path_seed=cfg.seed, shard_id=rank)
 
 
-def build_network(cfg, device_num, log, rank=0):
-    """The configured ResNet (``training_network``), initialized from ``pre_trained`` if given
-    (a classifier of another class count is dropped and trained from scratch), with the
-    stages that train now (``trainable_layers``, only ``fc`` during LP-FT's linear probe) and
-    ``freeze_bn``.
-
-    Raises:
-        As ``create_network`` and ``load_into_network``.
-    """
+def build_network(cfg: Config, device_num: int, log: logging.Logger, rank: int = 0) -> nn.Cell:
+    """The configured ResNet (``training_network``), initialized from ``pre_trained`` (a classifier
+    of another class count trains from scratch), trainable as configured (only ``fc`` during
+    LP-FT's probe). Raises as ``create_network`` and ``load_into_network``."""
     net = training_network(cfg, rank)
     if cfg.pre_trained:
         dropped, _ = load_into_network(net, cfg.pre_trained, drop_mismatched_classifier=True)
@@ -247,52 +216,39 @@ def build_network(cfg, device_num, log, rank=0):
     if cfg.linear_probe_epochs:
         log.info("linear_probe_epochs %d: only fc trains in the first %d epochs, every "
                  "BatchNorm frozen (LP-FT)", cfg.linear_probe_epochs, cfg.linear_probe_epochs)
-        make_trainable(cfg, net, 0, True, device_num, log)
+        make_trainable(cfg, net=net, trainable_layers=0, freeze_bn=True, device_num=device_num,
+                       log=log)
     else:
-        make_trainable(cfg, net, cfg.trainable_layers, cfg.freeze_bn, device_num, log)
+        make_trainable(cfg, net=net, trainable_layers=cfg.trainable_layers,
+                       freeze_bn=cfg.freeze_bn, device_num=device_num, log=log)
     return net
 
 
-def make_trainable(cfg, net, trainable_layers, freeze_bn, device_num, log):
-    """``src.models.freeze.set_trainable`` with the config's all-reduce fusion: the explicit
-    ``all_reduce_fusion_config`` is for the configured ``trainable_layers``, not for LP-FT's
-    probe (which gets the derived split)."""
+def make_trainable(cfg: Config, *, net: nn.Cell, trainable_layers: int, freeze_bn: bool,
+                   device_num: int, log: logging.Logger) -> None:
+    """``set_trainable`` with the config's all-reduce fusion (LP-FT's probe gets the derived
+    split, not ``all_reduce_fusion_config``)."""
     fusion = cfg.all_reduce_fusion_config if trainable_layers == cfg.trainable_layers else []
     set_trainable(net, trainable_layers, freeze_bn, log, device_num, fusion, cfg.net_name)
 
 
 class FineTuning:
-    """LP-FT's switch at step ``probe_end`` (``linear_probe_epochs`` done): the stages of
-    ``trainable_layers`` train from there, with a fresh optimizer over them (Kumar et al.
-    2022, "Fine-Tuning can Distort Pretrained Features and Underperform Out-of-Distribution",
-    arXiv:2202.10054: the probe's head initializes the fine-tuning) whose step 0 is the run's
-    step ``probe_end`` (its LR array the rest of the run's). A new training cell, so its graph
-    is compiled once more. The overflow count carries over.
+    """LP-FT's switch at step ``probe_end`` (Kumar et al. 2022, arXiv:2202.10054): a new training
+    cell over the ``trainable_layers`` stages, with a fresh optimizer whose step 0 is the run's
+    ``probe_end``; the overflow count carries over. Called with the probe's ``Model``."""
 
-    Built once per run; called with the probe's ``Model`` (``src.training.loop.train_run``, or
-    train.py for a run resumed after the switch).
-
-    Args:
-        cfg (Config): The resolved config (``trainable_layers``, ``freeze_bn``, fusion).
-        recipe (StepRecipe): The run's (``step_recipe``).
-        lr (numpy.ndarray): LR per optimizer step of the whole run.
-        probe_end (int): The switch step.
-        ema (WeightEma or None): The run's weight EMA.
-        device_num (int): Devices of the run.
-        log (logging.Logger): Gets the lines of what trains and of the switch.
-    """
-
-    def __init__(self, cfg, recipe, lr, probe_end, ema, device_num, log):
+    def __init__(self, cfg: Config, *, recipe: StepRecipe, lr: np.ndarray, probe_end: int,
+                 ema: WeightEma | None, device_num: int, log: logging.Logger):
         self.cfg, self.recipe, self.lr, self.probe_end = cfg, recipe, lr, probe_end
         self.ema, self.device_num, self.log = ema, device_num, log
 
     def __call__(self, model, resume_path=""):
-        """The fine-tuning ``Model`` (training the new cell, evaluating the same network);
-        ``resume_path`` (a checkpoint after the switch) restores the new cell's optimizer
-        state."""
+        """The fine-tuning ``Model``; ``resume_path`` (a checkpoint after the switch) restores
+        its optimizer state."""
         cfg, old = self.cfg, model.train_network
         net = old.network.backbone_network  # the cast network inside WithLossCell
-        make_trainable(cfg, net, cfg.trainable_layers, cfg.freeze_bn, self.device_num, self.log)
+        make_trainable(cfg, net=net, trainable_layers=cfg.trainable_layers,
+                       freeze_bn=cfg.freeze_bn, device_num=self.device_num, log=self.log)
         step = build_train_step(net, self.lr[self.probe_end:], self.recipe, self.ema)
         step.overflow_count.set_data(old.overflow_count.value())
         if resume_path:
@@ -303,11 +259,11 @@ class FineTuning:
         return with_train_step(net, step, self.recipe)
 
 
-def build_evaluator(cfg, model, net, ema, shard, amp_level, confusion_of=None):
-    """``Evaluator`` of the live network and, with an EMA, of the averages (in a second
-    network of the same architecture), on ``shard`` (``eval_shard``: in data parallel this
-    rank's part of the eval set; the counts are summed over the ranks). ``confusion_of``: the
-    metric whose network's confusion matrix is kept (``Evaluator``)."""
+def build_evaluator(cfg: Config, *, model: ms.train.Model, net: nn.Cell, ema: WeightEma | None,
+                    shard: EvalShard, amp_level: str,
+                    confusion_of: str | None = None) -> Evaluator:
+    """``Evaluator`` of the live network and, with an EMA, of the averages (a second network),
+    on ``shard`` (``eval_shard``); ``confusion_of``: the metric whose confusion matrix is kept."""
     ema_model = None
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
@@ -318,73 +274,87 @@ def build_evaluator(cfg, model, net, ema, shard, amp_level, confusion_of=None):
 
 # ---- the data ----
 
-def held_out(cfg):
+def held_out(cfg: Config) -> float:
     """The fraction of ``data_path`` held out (``src.data.split.held_out_fraction``)."""
     return held_out_fraction(cfg.val_split, cfg.eval_data_path)
 
 
+def eval_preprocess(cfg: Config) -> EvalPreprocess:
+    """The eval preprocessing of the config (``eval_image_size``, ``eval_resize``,
+    ``eval_interpolation``, ``exif_transpose``)."""
+    return EvalPreprocess(image_size=cfg.eval_image_size, resize=cfg.eval_resize,
+                          interpolation=cfg.eval_interpolation,
+                          exif_transpose=cfg.exif_transpose)
+
+
+TRAIN_AUGMENT_KEYS = {"image_size": "train_image_size", "crop_scale": "train_crop_scale"}
+"""``TrainAugment`` fields whose config key is named otherwise; the others are named alike."""
+
+
+def train_augment(cfg: Config) -> TrainAugment:
+    """The training crop and augmentations of the config: each ``TrainAugment`` field from
+    its config key (``TRAIN_AUGMENT_KEYS``), those without one at their defaults."""
+    keys = {f.name: TRAIN_AUGMENT_KEYS.get(f.name, f.name) for f in fields(TrainAugment)}
+    return TrainAugment(**{name: cfg[key] for name, key in keys.items() if key in cfg})
+
+
+def fill_from_weights(cfg: Config, source: str, eval_settings: bool = True) -> None:
+    """Hub weights ``source``: the keys the user did not set take the weights' values
+    (``pretrained_config``), logged by ``Config.fill_unset``; other sources: nothing."""
+    if is_pretrained_source(source):
+        cfg.fill_unset(pretrained_config(source, cfg.user_value("net_name"),
+                                         eval_settings=eval_settings), source)
+
+
+def resolve_eval_preprocess(cfg: Config, source: str) -> EvalPreprocess:
+    """The eval preprocessing of a run of the weights ``source``: the config's, the keys the
+    user left unset taken from Hub weights' ``config.json`` (``fill_from_weights``), as
+    timm's ``resolve_data_config``. Once per entry point (eval, predict, export)."""
+    fill_from_weights(cfg, source)
+    return eval_preprocess(cfg)
+
+
 @dataclass
 class TrainData:
-    """The training data as a run sees it (``build_data``).
+    """The training data as a run sees it (``build_data``): ``create_dataset`` keywords of
+    data_path's eval pipeline, the training pipeline and ``run_eval``'s; the data-parallel
+    ``shards``; per-device steps and batches per epoch (``cut_epochs``: the pipeline is cut to
+    them); class names; training images over all devices (checked on resume)."""
 
-    Attributes:
-        data_args (dict): ``create_dataset`` keywords of the eval pipeline of data_path.
-        train_args (dict): ``create_dataset`` keywords of the training pipeline (with the
-            augmentations, the ``val_split`` indices, the class-balanced sampler).
-        eval_args (dict): ``create_dataset`` keywords of ``run_eval``'s pipeline.
-        shards (dict): ``num_shards``/``shard_id`` in data parallel, else empty.
-        steps_per_epoch (int): Optimizer steps per epoch (per device).
-        batches_per_epoch (int): Batches of ``batch_size`` read per epoch
-            (``grad_accumulation_steps`` per optimizer step).
-        cut_epochs (bool): The pipeline gives more batches and is cut to
-            ``batches_per_epoch``.
-        class_names (list[str]): The class names, in label order.
-        train_images (int): Training images of all devices (stored in the checkpoints,
-            checked on resume).
-    """
-
-    data_args: dict
-    train_args: dict
-    eval_args: dict
-    shards: dict
+    data_args: dict[str, Any]
+    train_args: dict[str, Any]
+    eval_args: dict[str, Any]
+    shards: dict[str, int]
     steps_per_epoch: int
     batches_per_epoch: int
     cut_epochs: bool
-    class_names: list
+    class_names: list[str]
     train_images: int
 
 
-def build_data(cfg, rank, device_num):
-    """The training data as the run sees it (``TrainData``).
-    With ``val_split`` the training pipeline reads the training part of data_path and
-    ``eval_args`` the held-out part (``split_image_folder``); ``class_balance sampler`` draws
-    class-balanced; ``aug_repeats`` reads each drawn image that many times, the epoch as long
-    as without (``src.data.sampling.EpochSampler``), so ``steps_per_epoch`` is the cut
-    epoch's.
+def build_data(cfg: Config, rank: int, device_num: int) -> TrainData:
+    """The training data as the run sees it (``TrainData``; docs/data.md#sampling).
 
     Raises:
-        ConfigError: If an epoch has no full batch, the run has more steps than
-            ``INT32_MAX`` (checked before the LR schedule, one value per step, is built), the
-            class count is not ``class_num``,
-            the eval folder's classes differ from the training folder's, or ``val_split``
-            leaves a class without a training or validation image.
+        ConfigError: If an epoch has no full batch, the run has more than ``INT32_MAX`` steps,
+            the class count is not ``class_num``, the eval folder's classes differ, or
+            ``val_split`` leaves a class without an image.
     """
-    data_args = dict(dataset=cfg.dataset, batch_size=cfg.batch_size,
-                     image_size=cfg.eval_image_size, eval_resize=cfg.eval_resize,
-                     eval_interpolation=cfg.eval_interpolation, exif_transpose=cfg.exif_transpose,
-                     num_parallel_workers=cfg.num_parallel_workers, check_images=cfg.check_images)
-    train_args = train_data_args(cfg, data_args)
-    eval_args = data_args
+    data_args = dict(settings=eval_preprocess(cfg), dataset=cfg.dataset,
+                     batch_size=cfg.batch_size, num_parallel_workers=cfg.num_parallel_workers,
+                     check_images=cfg.check_images)
+    shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
+    train_indices, eval_args = None, data_args
     if held_out(cfg):  # eval_data_path, if given, wins over val_split
         split = split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
-        train_args["indices"], eval_args = split.train, dict(data_args, indices=split.val)
-    if cfg.class_balance == "sampler":
-        train_args["balance_classes"] = True
-    shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
-    train_set = create_dataset(cfg.data_path, is_training=True, **train_args, **shards)
+        train_indices, eval_args = split.train, dict(data_args, sampling=Sampling(
+            indices=split.val))
+    train_args = dict(data_args, settings=train_augment(cfg), sampling=Sampling(
+        indices=train_indices, balance_classes=cfg.class_balance == "sampler", **shards))
+    train_set = create_dataset(cfg.data_path, **train_args)
     batches = train_set.get_dataset_size()
     train_images = count_images(cfg.data_path, is_training=True, dataset=cfg.dataset,
-                                indices=train_args.get("indices"))
+                                indices=train_indices)
     steps_per_epoch = batches // cfg.grad_accumulation_steps
     if steps_per_epoch == 0:
         raise ConfigError(f"data_path {cfg.data_path} gives {batches} full batches of "
@@ -412,17 +382,7 @@ def build_data(cfg, rank, device_num):
                      class_names=class_names, train_images=train_images)
 
 
-def train_data_args(cfg, data_args):
-    """Keyword arguments of the training pipeline: batches of ``batch_size`` (one ``Model``
-    step each; ``grad_accumulation_steps`` of them make an optimizer step), with the
-    augmentations."""
-    return dict(data_args, image_size=cfg.train_image_size, crop_scale=cfg.train_crop_scale,
-                auto_augment=cfg.auto_augment, randaugment_num_ops=cfg.randaugment_num_ops,
-                randaugment_magnitude=cfg.randaugment_magnitude,
-                random_erasing=cfg.random_erasing, aug_repeats=cfg.aug_repeats)
-
-
-def batch_mixer(cfg, seed):
+def batch_mixer(cfg: Config, seed: int) -> BatchMixer | None:
     """The mixup/cutmix op of the training batches (None when both are off), its draws a
     function of (``seed``, batch number) only."""
     if not (cfg.mixup_alpha or cfg.cutmix_alpha):
@@ -432,35 +392,30 @@ def batch_mixer(cfg, seed):
                       label_smoothing=cfg.label_smoothing, class_num=cfg.class_num, seed=seed)
 
 
-def training_pipeline(cfg, data, seed):
-    """A training pipeline seeded with ``seed``: batches of ``batch_size``, each epoch cut to
-    ``data.batches_per_epoch`` (whole optimizer steps: the micro-batches of an optimizer
-    step never straddle two epochs). The image check ran when the first pipeline was built
-    (``src.data.image_check`` checks a folder once)."""
+def training_pipeline(cfg: Config, data: TrainData, seed: int) -> ds.Dataset:
+    """The training pipeline seeded with ``seed``, each epoch cut to ``data.batches_per_epoch``
+    (whole optimizer steps)."""
     ds.config.set_seed(seed)
-    dataset = create_dataset(cfg.data_path, is_training=True, **data.train_args, **data.shards,
+    dataset = create_dataset(cfg.data_path, **data.train_args,
                              batch_transform=batch_mixer(cfg, seed))
     return dataset.take(data.batches_per_epoch) if data.cut_epochs else dataset
 
 
-def epoch_dataset(cfg, epoch, skip_steps, data):
-    """The training pipeline of ``epoch``, seeded from (seed, epoch), the batches of its
-    first ``skip_steps`` optimizer steps skipped (they are still read, so random
-    augmentation stays in step)."""
+def epoch_dataset(cfg: Config, epoch: int, skip_steps: int, data: TrainData) -> ds.Dataset:
+    """The training pipeline of ``epoch``, seeded from (seed, epoch), its first ``skip_steps``
+    optimizer steps read and skipped (random augmentation stays in step)."""
     dataset = training_pipeline(cfg, data, epoch_seed(cfg.seed, epoch))
     skip = skip_steps * cfg.grad_accumulation_steps
     return dataset.skip(skip) if skip else dataset
 
 
-def run_dataset(cfg, data):
-    """The one training pipeline of a sink-mode run: all its epochs, seeded once from
-    (``seed``, 0). MindSpore's sampler reshuffles it every epoch, the order a function of the
-    seed and the epoch number alone; ``Dataset.set_init_step`` starts it at any step with
-    that order (``src.training.loop.train_in_sink_calls``)."""
+def run_dataset(cfg: Config, data: TrainData) -> ds.Dataset:
+    """A sink-mode run's one training pipeline, seeded once from (seed, 0); MindSpore reshuffles it
+    every epoch (``src.training.loop.train_in_sink_calls``)."""
     return training_pipeline(cfg, data, epoch_seed(cfg.seed, 0))
 
 
-def train_plan(cfg, data, sink_size):
+def train_plan(cfg: Config, data: TrainData, sink_size: int) -> TrainPlan:
     """The loop's ``TrainPlan``: the run's epochs and steps, ``sink_size`` and the pipeline
     builders (``epoch_dataset``, ``run_dataset``) bound to the config and ``data``."""
     return TrainPlan(epoch_size=cfg.epoch_size, steps_per_epoch=data.steps_per_epoch,
@@ -471,20 +426,10 @@ def train_plan(cfg, data, sink_size):
 
 # ---- the val_split lists and class counts of a run; eval.py's split_file ----
 
-def run_split(cfg, continues_here, write):
-    """The ``val_split`` of the run, checked against the lists an earlier part of the same run
-    wrote (``src.data.split.checked_split``; a check only, so train.py calls it before writing
-    any file).
-
-    Args:
-        cfg (Config): The run's config.
-        continues_here (bool): The run continues a run of ``output_dir``.
-        write (bool): This process writes the run's files (rank 0): it compares the lists.
-
-    Returns:
-        tuple: ``(split, changed)``: the ``FolderSplit`` (None without ``val_split`` or
-        class folders) and the names of the lists it changes (only with
-        ``resume_ignore_config``).
+def run_split(cfg: Config, continues_here: bool, write: bool) -> tuple:
+    """``(split, changed)``: the run's ``val_split`` (None without one or class folders), checked
+    against the lists an earlier part of the run wrote (``checked_split``; ``write``: rank 0
+    compares), and the lists it changes (``resume_ignore_config`` only).
 
     Raises:
         ConfigError: If the split changed, unless ``resume_ignore_config``.
@@ -495,19 +440,11 @@ def run_split(cfg, continues_here, write):
                          allow_change=cfg.resume_ignore_config)
 
 
-def record_run_images(cfg, continues_here, class_names, write, log, checked=None):
-    """Class folders: the ``val_split`` lists and the training images per class, in the log
-    and ``output_dir`` (``src.training.output_dir.record_training_images``); a warning when
-    ``eval_data_path`` overrides ``val_split``.
-
-    Args:
-        checked (tuple, optional): What ``run_split`` returned for this run, if called
-            already (train.py: before any file is written); else it is called here.
-
-    Raises:
-        ConfigError: As ``run_split``.
-        WriteError: If a list cannot be written.
-    """
+def record_run_images(cfg: Config, *, continues_here: bool, class_names: list[str], write: bool,
+                      log: logging.Logger, checked: tuple | None = None) -> None:
+    """Class folders: the ``val_split`` lists and training images per class, in the log and
+    ``output_dir`` (``record_training_images``); ``checked``: ``run_split``'s result if called
+    already. Raises as ``run_split``, or ``WriteError``."""
     if cfg.dataset != "imagefolder":
         return
     if cfg.val_split and not held_out(cfg):
@@ -519,14 +456,12 @@ def record_run_images(cfg, continues_here, class_names, write, log, checked=None
                            suggest_balance=cfg.class_balance == "none")
 
 
-def split_indices(cfg):
-    """eval.py's ``--split_file``: the positions of the images it lists in data_path's reader
-    order (``src.data.split.read_split_file``), None without one (every image).
+def split_indices(cfg: Config) -> list[int] | None:
+    """eval.py's ``--split_file``: positions of the images it lists in data_path's reader order
+    (``read_split_file``); None without one.
 
     Raises:
-        ConfigError: With dataset cifar10, or a file listing no image, paths twice or paths
-            that are not in data_path.
-        MissingFileError: If the file does not exist.
+        ConfigError: With dataset cifar10, or a bad list. MissingFileError: No such file.
     """
     if not cfg.split_file:
         return None

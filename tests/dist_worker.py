@@ -54,6 +54,7 @@ import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 
 from src.data.sampling import EpochSampler  # noqa: E402
+from src.data.settings import EvalPreprocess  # noqa: E402
 from src.deploy.inference import preprocess_images  # noqa: E402
 from src.models.resnet import create_network  # noqa: E402
 from src.training.loss import CrossEntropySmooth  # noqa: E402
@@ -71,7 +72,7 @@ BALANCED_LABELS = [0] * 6 + [1] * 3 + [2] * 2  # the class-balanced epoch read p
 
 def real_batches(data_path, steps, global_batch):
     paths, labels = interleaved_class_images(data_path, steps * global_batch)
-    return preprocess_images(paths, 32, 32), labels
+    return preprocess_images(paths, EvalPreprocess(image_size=32, resize=32)), labels
 
 
 def frozen_bn_resnet18():

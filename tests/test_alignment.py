@@ -20,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
+from src.data.settings import EvalPreprocess
 from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from src.deploy.inference import preprocess_images
 from src.models.resnet import batch_norm, create_network
@@ -64,7 +65,8 @@ def imagenet_paths(count, step):
 @pytest.mark.slow
 def test_eval_logits_equal_at_224():
     tnet, net = reference_pair("resnet50", 1000)
-    images = preprocess_images(imagenet_paths(4, step=6), 224, 256)
+    images = preprocess_images(
+        imagenet_paths(4, step=6), EvalPreprocess(image_size=224, resize=256))
     tnet.eval()
     net.set_train(False)
     with torch.no_grad():
@@ -142,7 +144,7 @@ def worst_and_median(ours, ref, keys):
 @pytest.fixture(scope="module")
 def step_batch():
     """8 real ImageNet images at 64 px (eval preprocessing) and 10-class labels."""
-    images = preprocess_images(imagenet_paths(8, step=3), 64, 73)
+    images = preprocess_images(imagenet_paths(8, step=3), EvalPreprocess(image_size=64, resize=73))
     return images, np.arange(8, dtype=np.int32) % 10
 
 
@@ -353,7 +355,7 @@ def preprocessing_diff(paths, chunk=50):
     pixel, normalized = 0.0, 0.0
     for i in range(0, len(paths), chunk):
         ref = np.stack([pillow_eval_tensor(p) for p in paths[i:i + chunk]])
-        ours = preprocess_images(paths[i:i + chunk], 224, 256)
+        ours = preprocess_images(paths[i:i + chunk], EvalPreprocess(image_size=224, resize=256))
         assert ours.shape == ref.shape
         diff = np.abs(ours - ref)
         normalized = max(normalized, float(diff.max()))
@@ -402,7 +404,7 @@ def test_eval_preprocessing_equals_torchvision_on_the_imagenet_sample(shared_dat
 def cifar_batches(batch, steps):
     """Shipped CIFAR-10 train images, class by class in turn: fixed order, no augmentation."""
     paths, labels = interleaved_class_images(os.path.join(CIFAR_SAMPLE, "train"), batch * steps)
-    return preprocess_images(paths, 32, 32), labels
+    return preprocess_images(paths, EvalPreprocess(image_size=32, resize=32)), labels
 
 
 @pytest.mark.slow

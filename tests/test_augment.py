@@ -31,6 +31,7 @@ from src.data.augment import (
     trivial_augment_wide_space,
 )
 from src.data.pipeline import create_dataset
+from src.data.settings import TrainAugment
 from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD, create_transforms
 from tests.helpers import IMAGENET_SMALL, imagenet_images
 
@@ -304,8 +305,8 @@ def test_randaugment_with_no_ops_is_identity_on_real_images():
 
     def first_batch(**augment):
         ds.config.set_seed(5)
-        data = create_dataset(IMAGENET_SMALL, True, batch_size=8, num_parallel_workers=2,
-                              **augment)
+        data = create_dataset(IMAGENET_SMALL, TrainAugment(**augment), batch_size=8,
+                              num_parallel_workers=2)
         return next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))[0]
 
     np.testing.assert_array_equal(first_batch(auto_augment="randaugment", randaugment_num_ops=0),
@@ -405,14 +406,15 @@ def test_a_bad_erasing_probability_is_named(prob):
     with pytest.raises(ValueError, match=message):
         RandomErasing(prob)
     with pytest.raises(ValueError, match=message):
-        create_transforms(True, random_erasing=prob)
+        create_transforms(TrainAugment(random_erasing=prob))
 
 
 # ---------------------------------------------------------------- the training pipeline
 
-def train_batches(seed, **kwargs):
+def train_batches(seed, batch_size=32, **augment):
     ds.config.set_seed(seed)
-    data = create_dataset(IMAGENET_SMALL, True, num_parallel_workers=2, **kwargs)
+    data = create_dataset(IMAGENET_SMALL, TrainAugment(**augment), batch_size=batch_size,
+                          num_parallel_workers=2)
     return list(data.create_tuple_iterator(num_epochs=1, output_numpy=True))
 
 

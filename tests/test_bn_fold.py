@@ -7,6 +7,7 @@ import pytest
 import torch
 from mindspore.nn.utils import no_init_parameters
 
+from src.data.settings import EvalPreprocess
 from src.deploy.inference import preprocess_images
 from src.models.bn_fold import fold_batchnorm, folded_conv
 from src.models.resnet import create_network
@@ -20,7 +21,8 @@ BN_COUNT = {"resnet18": 20, "resnet50": 53}  # stem + 2 or 3 per block + one per
 @pytest.mark.parametrize("net_name", slow_beyond(["resnet18", "resnet50"], ("resnet18",)))
 def test_folded_network_gives_the_same_logits(net_name):
     tnet, net = reference_pair(net_name, 1000, seed=3)  # gamma, beta, mean, var all non-trivial
-    images = preprocess_images(imagenet_paths(4, step=7), 224, 256)
+    images = preprocess_images(
+        imagenet_paths(4, step=7), EvalPreprocess(image_size=224, resize=256))
     net.set_train(False)
     before = net(ms.Tensor(images)).asnumpy()
     tnet.eval()

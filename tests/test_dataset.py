@@ -15,6 +15,7 @@ from PIL import Image
 
 from src.data.image_check import IMAGE_EXTENSIONS
 from src.data.pipeline import count_images, create_dataset
+from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD, create_transforms
 from src.deploy.inference import preprocess_images
 from tests.helpers import IMAGENET_SMALL, imagenet_images
@@ -25,7 +26,7 @@ def batches(dataset):
 
 
 def test_train_pipeline_shapes_and_dtypes(cifar_small):
-    data = create_dataset(cifar_small["train"], is_training=True, batch_size=16, image_size=32,
+    data = create_dataset(cifar_small["train"], TrainAugment(image_size=32), batch_size=16,
                           num_parallel_workers=2)
     out = batches(data)
     assert len(out) == 80 // 16 == data.get_dataset_size()
@@ -37,8 +38,8 @@ def test_train_pipeline_shapes_and_dtypes(cifar_small):
 
 
 def test_eval_keeps_every_image_in_order(cifar_small):
-    data = create_dataset(cifar_small["test"], is_training=False, batch_size=7, image_size=32,
-                          eval_resize=32, num_parallel_workers=2)
+    data = create_dataset(cifar_small["test"], EvalPreprocess(image_size=32, resize=32),
+                          batch_size=7, num_parallel_workers=2)
     labels = np.concatenate([label for _, label in batches(data)])
     assert len(labels) == 30 == count_images(cifar_small["test"], is_training=False)
     np.testing.assert_array_equal(labels, np.repeat(np.arange(10), 3))  # never shuffled
@@ -68,8 +69,9 @@ def test_greyscale_and_cmyk_jpeg_give_three_channels(tmp_path):
         shutil.copy(cmyk, root / f"c{i}" / "a_cmyk.JPEG")
         shutil.copy(grey, root / f"c{i}" / "b_grey.JPEG")
     for training in (True, False):
-        data = create_dataset(str(root), is_training=training, batch_size=4, image_size=64,
-                              eval_resize=73, num_parallel_workers=1)
+        settings = (TrainAugment(image_size=64) if training
+                    else EvalPreprocess(image_size=64, resize=73))
+        data = create_dataset(str(root), settings, batch_size=4, num_parallel_workers=1)
         (image, label), = batches(data)
         assert image.shape == (4, 3, 64, 64) and label.dtype == np.int32
         if not training:  # eval order: c0/a_cmyk, c0/b_grey, c1/a_cmyk, c1/b_grey
@@ -81,13 +83,14 @@ def test_greyscale_and_cmyk_jpeg_give_three_channels(tmp_path):
 
 
 def test_eval_preprocessing_matches_predict(cifar_small):
-    data = create_dataset(cifar_small["test"], is_training=False, batch_size=30, image_size=24,
-                          eval_resize=28, num_parallel_workers=1)
+    data = create_dataset(cifar_small["test"], EvalPreprocess(image_size=24, resize=28),
+                          batch_size=30, num_parallel_workers=1)
     (image, _), = batches(data)
     root = cifar_small["test"]
     paths = [os.path.join(root, c, n) for c in sorted(os.listdir(root))
              for n in sorted(os.listdir(os.path.join(root, c)))]
-    np.testing.assert_array_equal(preprocess_images(paths, 24, 28), image)
+    np.testing.assert_array_equal(preprocess_images(
+        paths, EvalPreprocess(image_size=24, resize=28)), image)
 
 
 CIFAR10_RECORDS = 10000  # images per .bin file of the binary release
@@ -104,13 +107,13 @@ def write_cifar_binary(folder, names):
 
 def test_cifar10_binary_reader(tmp_path):
     write_cifar_binary(tmp_path, [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"])
-    train = create_dataset(str(tmp_path), True, dataset="cifar10", batch_size=8, image_size=32,
-                           num_parallel_workers=1)
+    train = create_dataset(str(tmp_path), TrainAugment(image_size=32), dataset="cifar10",
+                           batch_size=8, num_parallel_workers=1)
     assert train.get_dataset_size() == 5 * CIFAR10_RECORDS // 8
     image, label = next(train.create_tuple_iterator(num_epochs=1, output_numpy=True))
     assert image.shape == (8, 3, 32, 32) and label.dtype == np.int32  # uint32 -> int32
-    test = create_dataset(str(tmp_path), False, dataset="cifar10", batch_size=1000,
-                          image_size=32, eval_resize=32, num_parallel_workers=1)
+    test = create_dataset(str(tmp_path), EvalPreprocess(image_size=32, resize=32),
+                          dataset="cifar10", batch_size=1000, num_parallel_workers=1)
     labels = np.concatenate([lbl for _, lbl in batches(test)])
     np.testing.assert_array_equal(labels, np.arange(CIFAR10_RECORDS) % 10)
 
@@ -118,7 +121,7 @@ def test_cifar10_binary_reader(tmp_path):
 def test_cifar10_binary_missing_files_are_named(tmp_path):
     write_cifar_binary(tmp_path, ["data_batch_1.bin"])
     with pytest.raises(FileNotFoundError, match="data_batch_2.bin"):
-        create_dataset(str(tmp_path), True, dataset="cifar10")
+        create_dataset(str(tmp_path), TrainAugment(), dataset="cifar10")
 
 
 def image_keys(dataset):
@@ -133,8 +136,9 @@ def test_shards_are_disjoint_and_cover_the_data(cifar_small, shuffle):
     together they hold every image once. Shuffled, every rank seeds its pipeline alike (as
     train.py does), modelled here by the same dataset seed before each shard."""
     def build(**shard):
-        return create_dataset(cifar_small["test"], False, batch_size=30, image_size=32,
-                              eval_resize=32, shuffle=shuffle, num_parallel_workers=1, **shard)
+        return create_dataset(cifar_small["test"], EvalPreprocess(image_size=32, resize=32),
+                              batch_size=30, sampling=Sampling(shuffle=shuffle, **shard),
+                              num_parallel_workers=1)
 
     everything = image_keys(build())
     assert len(set(everything)) == len(everything) == 30  # 30 distinct images to tell apart
@@ -153,9 +157,9 @@ def test_shards_are_disjoint_and_cover_the_data(cifar_small, shuffle):
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a folder"):
-        create_dataset(str(tmp_path / "nope"), True)
+        create_dataset(str(tmp_path / "nope"), TrainAugment())
     with pytest.raises(ValueError, match="batch_size"):
-        create_dataset(str(tmp_path), True, batch_size=0)
+        create_dataset(str(tmp_path), TrainAugment(), batch_size=0)
 
 
 @pytest.fixture()
@@ -179,22 +183,21 @@ def pipeline_before_augmentations(data_path, batch_size, workers):
     return data.batch(batch_size, drop_remainder=True)
 
 
-@pytest.mark.parametrize("augment", [{}, dict(auto_augment="none", random_erasing=0.0,
-                                              batch_transform=None)])
+@pytest.mark.parametrize("augment", [{}, dict(auto_augment="none", random_erasing=0.0)])
 def test_augmentation_off_is_the_previous_pipeline_bit_for_bit(dataset_seed, augment):
     """Real ImageNet JPEGs, 2 workers, one seed: the default (and explicitly off) training
     pipeline gives exactly the batches of the pipeline before augmentations were added."""
     ds.config.set_seed(17)
     before = batches(pipeline_before_augmentations(IMAGENET_SMALL, 8, 2))
     ds.config.set_seed(17)
-    now = batches(create_dataset(IMAGENET_SMALL, True, batch_size=8, num_parallel_workers=2,
-                                 **augment))
+    now = batches(create_dataset(IMAGENET_SMALL, TrainAugment(**augment), batch_size=8,
+                                 num_parallel_workers=2, batch_transform=None))
     assert len(now) == len(before) == 26 // 8
     for (image, label), (old_image, old_label) in zip(now, before):
         np.testing.assert_array_equal(image, old_image)
         np.testing.assert_array_equal(label, old_label)
     for decoded in (False, True):
-        assert [type(op) for op in create_transforms(True, decoded=decoded)] == [
+        assert [type(op) for op in create_transforms(TrainAugment(), decoded=decoded)] == [
             vision.RandomResizedCrop if decoded else vision.RandomCropDecodeResize,
             vision.RandomHorizontalFlip, vision.Normalize, vision.HWC2CHW]
 
@@ -212,8 +215,8 @@ def test_batch_transform_runs_on_every_training_batch(cifar_small, dataset_seed)
 
     def build(**extra):
         ds.config.set_seed(3)
-        return batches(create_dataset(cifar_small["train"], True, batch_size=12, image_size=32,
-                                      num_parallel_workers=2, **extra))
+        return batches(create_dataset(cifar_small["train"], TrainAugment(image_size=32),
+                                      batch_size=12, num_parallel_workers=2, **extra))
 
     plain, mixed = build(), build(batch_transform=one_hot)
     assert len(mixed) == len(plain) == 80 // 12  # the last partial batch is still dropped
@@ -228,12 +231,11 @@ def test_batch_transform_runs_on_every_training_batch(cifar_small, dataset_seed)
 def test_eval_ignores_augmentation_arguments(cifar_small):
     called = []
 
-    def build(**augment):
-        return batches(create_dataset(cifar_small["test"], False, batch_size=10, image_size=32,
-                                      eval_resize=32, num_parallel_workers=1, **augment))
+    def build(**extra):
+        return batches(create_dataset(cifar_small["test"], EvalPreprocess(image_size=32, resize=32),
+                                      batch_size=10, num_parallel_workers=1, **extra))
 
-    augmented = build(auto_augment="trivialaugment_wide", random_erasing=1.0,
-                      batch_transform=lambda *args: called.append(args))
+    augmented = build(batch_transform=lambda *args: called.append(args))
     for (image, label), (plain_image, plain_label) in zip(augmented, build()):
         np.testing.assert_array_equal(image, plain_image)
         np.testing.assert_array_equal(label, plain_label)
@@ -253,6 +255,9 @@ def test_eval_ignores_augmentation_arguments(cifar_small):
     (dict(batch_transform="mixup"), "batch_transform must be callable, got 'mixup'"),
 ])
 def test_bad_augmentation_arguments_are_named(tmp_path, augment, message):
-    for training in (True, False):
+    augment = dict(augment)  # the pipeline's keyword apart from TrainAugment's fields
+    batch_transform = augment.pop("batch_transform", None)
+    for settings in (TrainAugment, EvalPreprocess):  # training and eval
         with pytest.raises(ValueError, match=re.escape(message)):
-            create_dataset(str(tmp_path), training, **augment)
+            create_dataset(str(tmp_path), TrainAugment(**augment) if augment else settings(),
+                           batch_transform=batch_transform)

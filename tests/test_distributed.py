@@ -920,14 +920,15 @@ def test_eval_shards_hold_each_image_once(tmp_path):
     """MindSpore's sharding pads the shards to equal sizes with copies of other shards'
     images; the first ``images`` rows of each shard are its own, and together every image
     once."""
+    from src.data.settings import EvalPreprocess
     from src.training.evaluator import eval_shard
 
     folder = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(tmp_path / "e"), 3)
     for name in sorted(os.listdir(os.path.join(folder, "cat")))[:2]:
         os.remove(os.path.join(folder, "cat", name))
     os.remove(os.path.join(folder, "dog", sorted(os.listdir(os.path.join(folder, "dog")))[0]))
-    args = dict(dataset="imagefolder", batch_size=4, image_size=32, eval_resize=32,
-                num_parallel_workers=1, check_images=False)
+    args = dict(settings=EvalPreprocess(image_size=32, resize=32), dataset="imagefolder",
+                batch_size=4, num_parallel_workers=1, check_images=False)
 
     def rows(dataset):
         return [(int(label), hash(image.tobytes())) for images, labels in

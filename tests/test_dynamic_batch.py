@@ -12,6 +12,7 @@ import onnx
 import pytest
 
 import export
+from src.data.settings import EvalPreprocess
 from src.deploy.formats import declared_batch_dims, load_predictor
 from src.deploy.inference import (
     batched,
@@ -57,7 +58,7 @@ def files(tmp_path_factory):
 
 def sample_images(count=7):
     paths = list_images(os.path.join(CIFAR_SAMPLE, "test", "cat"))[:count]
-    return preprocess_images(paths, 32, 32)
+    return preprocess_images(paths, EvalPreprocess(image_size=32, resize=32))
 
 
 @pytest.mark.slow

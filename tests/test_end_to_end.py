@@ -10,6 +10,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
+from src.data.settings import EvalPreprocess
 from src.deploy.inference import list_images, preprocess_images
 from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
@@ -119,7 +120,8 @@ def exported(trained, tmp_path_factory):
 
 
 def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, exported):
-    images = preprocess_images(list_images(trained["test"])[:4], 32, 32)
+    images = preprocess_images(
+        list_images(trained["test"])[:4], EvalPreprocess(image_size=32, resize=32))
     expected = checkpoint_logits(trained["ckpt"], images)
     scale = np.abs(expected).max()
     for fmt in ("MINDIR", "ONNX"):
@@ -135,7 +137,8 @@ def test_export_mindir_and_onnx_give_the_checkpoint_logits(trained, exported):
 
 
 def test_folding_is_optional_and_both_exports_match(trained, exported):
-    images = preprocess_images(list_images(trained["test"])[:4], 32, 32)
+    images = preprocess_images(
+        list_images(trained["test"])[:4], EvalPreprocess(image_size=32, resize=32))
     expected = checkpoint_logits(trained["ckpt"], images)
     sizes = {}
     for fold, key in (("true", "ONNX"), ("false", "ONNX unfolded")):
@@ -196,7 +199,8 @@ def test_predict_from_checkpoint_and_mindir(trained, exported):
         assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0001
         assert {t["name"] for t in item["top"]} <= names
     # the same top-1 from the checkpoint's own logits
-    logits = checkpoint_logits(trained["ckpt"], preprocess_images(list_images(folder), 32, 32))
+    logits = checkpoint_logits(trained["ckpt"], preprocess_images(
+        list_images(folder), EvalPreprocess(image_size=32, resize=32)))
     assert [p["top"][0]["class"] for p in from_ckpt] == list(logits.argmax(axis=1))
 
     # the exports of batch 4: the 3 images in one batch padded to 4

@@ -22,6 +22,7 @@ import predict as predict_entry
 from src import recipe
 from src.data import pipeline
 from src.data.pipeline import create_dataset
+from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -99,9 +100,11 @@ def pipeline_images(root, is_training, exif_transpose):
     """Every image of ``root`` through ``create_dataset``, in reader order: training with a
     crop of the whole image (area 1, the square's own aspect ratio) at its own size."""
     ds.config.set_seed(7)
-    dataset = create_dataset(root, is_training, batch_size=1, image_size=SIDE, eval_resize=SIDE,
-                             crop_scale=(1.0, 1.0), shuffle=False, num_parallel_workers=1,
-                             exif_transpose=exif_transpose)
+    settings = (TrainAugment(image_size=SIDE, crop_scale=(1.0, 1.0),
+                             exif_transpose=exif_transpose) if is_training
+                else EvalPreprocess(image_size=SIDE, resize=SIDE, exif_transpose=exif_transpose))
+    dataset = create_dataset(root, settings, batch_size=1, sampling=Sampling(shuffle=False),
+                             num_parallel_workers=1)
     return [pixels(batch[0][0]) for batch in dataset.create_tuple_iterator(output_numpy=True)]
 
 
@@ -130,7 +133,8 @@ def test_pipeline_decode(photos, is_training, exif_transpose):
 @pytest.mark.parametrize("exif_transpose", [True, False])
 def test_predict_reader(photos, exif_transpose):
     paths = photos[1]
-    images = preprocess_images(paths, SIDE, SIDE, exif_transpose=exif_transpose)
+    images = preprocess_images(paths, EvalPreprocess(image_size=SIDE, resize=SIDE,
+                                                     exif_transpose=exif_transpose))
     for path, image in zip(paths, images):
         assert max_difference(pixels(image), expected(path, exif_transpose)) <= LEVELS, path
 
@@ -138,8 +142,8 @@ def test_predict_reader(photos, exif_transpose):
 @pytest.mark.parametrize("exif_transpose", [True, False])
 def test_calibration_reader(photos, exif_transpose):
     paths = photos[1]
-    reader = ImageCalibrationReader(paths, "image", len(paths), SIDE, SIDE,
-                                    exif_transpose=exif_transpose)
+    reader = ImageCalibrationReader(paths, "image", len(paths), EvalPreprocess(
+        image_size=SIDE, resize=SIDE, exif_transpose=exif_transpose))
     images = reader.get_next()["image"]
     assert reader.get_next() is None
     for path, image in zip(paths, images):
@@ -155,10 +159,10 @@ def test_eval_and_predict_agree_on_a_turned_photo(tmp_path):
     path = save_with_orientation(Image.open(imagenet_images()[0]).convert("RGB"),
                                  folder / "photo.jpg", 6)
     assert Image.open(path).size[0] != Image.open(path).size[1]
-    dataset = create_dataset(str(tmp_path), False, batch_size=1, num_parallel_workers=1,
-                             exif_transpose=True)
+    dataset = create_dataset(str(tmp_path), EvalPreprocess(exif_transpose=True), batch_size=1,
+                             num_parallel_workers=1)
     evaluated = next(dataset.create_tuple_iterator(output_numpy=True))[0][0]
-    predicted = preprocess_images([path], exif_transpose=True)[0]
+    predicted = preprocess_images([path], EvalPreprocess(exif_transpose=True))[0]
     np.testing.assert_array_equal(evaluated, predicted)
     assert np.abs(predicted - preprocess_images([path])[0]).mean() > 0.1
 
@@ -166,8 +170,9 @@ def test_eval_and_predict_agree_on_a_turned_photo(tmp_path):
 def training_epoch(root, size, exif_transpose):
     """One epoch of the training pipeline of ``root`` (seed fixed, read in order), 0-255 HWC."""
     ds.config.set_seed(11)
-    dataset = create_dataset(root, True, batch_size=8, image_size=size, shuffle=False,
-                             num_parallel_workers=1, exif_transpose=exif_transpose)
+    dataset = create_dataset(root, TrainAugment(image_size=size, exif_transpose=exif_transpose),
+                             batch_size=8, sampling=Sampling(shuffle=False),
+                             num_parallel_workers=1)
     return np.stack([pixels(image) for batch in dataset.create_tuple_iterator(output_numpy=True)
                      for image in batch[0]])
 
@@ -192,8 +197,8 @@ def test_train_py_hands_the_key_to_both_pipelines(photos):
     cfg = parse_config(["--data_path", photos[0], "--class_num", "1", "--batch_size", "1",
                         "--exif_transpose", "true", "--num_parallel_workers", "1"])
     data = recipe.build_data(cfg, 0, 1)
-    assert data.train_args["exif_transpose"] is True
-    assert data.eval_args["exif_transpose"] is True
+    assert data.train_args["settings"].exif_transpose is True
+    assert data.eval_args["settings"].exif_transpose is True
 
 
 class Captured(Exception):
@@ -218,7 +223,7 @@ def test_eval_py_hands_the_key_to_its_pipeline(photos, monkeypatch, tmp_path):
     with pytest.raises(Captured):
         eval_entry.main(["--data_path", photos[0], "--class_num", "1", "--exif_transpose",
                          "true", "--output_dir", str(tmp_path), "--device_target", "CPU"])
-    assert calls[0][1]["exif_transpose"] is True
+    assert calls[0][0][1].exif_transpose is True
 
 
 def test_predict_py_hands_the_key_to_its_reader(photos, monkeypatch):
@@ -229,7 +234,7 @@ def test_predict_py_hands_the_key_to_its_reader(photos, monkeypatch):
         predict_entry.main(["--image_path", photos[1][0], "--checkpoint_path", "model.onnx",
                             "--class_num", "1", "--exif_transpose", "true",
                             "--device_target", "CPU"])
-    assert calls[0][0][-1] is True
+    assert calls[0][0][-1].exif_transpose is True
 
 
 def test_export_py_hands_the_key_to_calibration(monkeypatch, tmp_path):
@@ -240,14 +245,14 @@ def test_export_py_hands_the_key_to_calibration(monkeypatch, tmp_path):
     with pytest.raises(Captured):
         export_entry.export_int8_onnx(None, None, cfg, ["image.jpg"],
                                       str(tmp_path / "model.onnx"))
-    assert calls[0][0][-1] is True
+    assert calls[0][0][4].exif_transpose is True
 
 
 def test_the_fused_decode_stays_without_the_option():
     """The default training pipeline keeps MindSpore's fused crop-decode (C++), the one it had
     before the option; the Pillow decode comes only with the option on."""
-    off = create_transforms(True, SIDE)
-    on = create_transforms(True, SIDE, exif_transpose=True)
+    off = create_transforms(TrainAugment(image_size=SIDE))
+    on = create_transforms(TrainAugment(image_size=SIDE, exif_transpose=True))
     assert isinstance(off[0], vision.RandomCropDecodeResize)
     assert not any(isinstance(op, DecodeRGB) for op in off)
     assert isinstance(on[0], DecodeRGB) and on[0].exif_transpose

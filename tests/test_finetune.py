@@ -196,7 +196,8 @@ def test_lp_ft_full_phase_starts_at_the_switch_step_s_lr():
     net = create_network("resnet18", 10)
     recipe = step_recipe(cfg, "O0")
     model, ema = training_model(cfg, net, lr, "O0", recipe)
-    tuned = FineTuning(cfg, recipe, lr, 10, ema, 1, logging.getLogger("test"))(model)
+    tuned = FineTuning(cfg, recipe=recipe, lr=lr, probe_end=10, ema=ema, device_num=1,
+                       log=logging.getLogger("test"))(model)
     given = tuned.train_network.optimizer.learning_rate.learning_rate.asnumpy()
     np.testing.assert_array_equal(given, lr[10:])
     assert given[0] == np.float32(lr[10])

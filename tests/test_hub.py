@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from src.data.settings import EvalPreprocess
 from src.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from src.deploy.publish import crop_pct_for, timm_config
 from src.utils.checkpoint import read_checkpoint, to_network_names
@@ -246,7 +248,8 @@ def test_published_crop_pct_gives_back_the_resize(size):
         crop_pct = crop_pct_for(size, resize)
         assert math.floor(size / crop_pct) == resize
         settings = pretrained_eval_settings(PretrainedWeights("x", "x", {
-            "pretrained_cfg": timm_config("resnet18", 10, size, resize, "bicubic")[
+            "pretrained_cfg": timm_config("resnet18", 10, EvalPreprocess(
+                image_size=size, resize=resize, interpolation="bicubic"))[
                 "pretrained_cfg"]}))
         assert settings["eval_resize"] == resize and settings["eval_image_size"] == size
 
@@ -272,14 +275,14 @@ def test_bicubic_eval_equals_pil(tmp_path):
 
     paths = imagenet_images()
     ref = np.stack([timm_eval_tensor(p, 224, 0.95, "bicubic") for p in paths])
-    ours = preprocess_images(paths, 224, 235, "bicubic")
+    bicubic = EvalPreprocess(image_size=224, resize=235, interpolation="bicubic")
+    ours = preprocess_images(paths, bicubic)
     np.testing.assert_array_equal(ours, ref)
-    assert np.abs(preprocess_images(paths, 224, 235, "bilinear") - ref).max() > 0.1
-    reader = ImageCalibrationReader(paths, "image", len(paths), 224, 235,
-                                    interpolation="bicubic")
+    assert np.abs(preprocess_images(
+        paths, replace(bicubic, interpolation="bilinear")) - ref).max() > 0.1
+    reader = ImageCalibrationReader(paths, "image", len(paths), bicubic)
     np.testing.assert_array_equal(reader.get_next()["image"], ref)
-    data = create_dataset(IMAGENET_SMALL, is_training=False, batch_size=len(paths),
-                          image_size=224, eval_resize=235, eval_interpolation="bicubic")
+    data = create_dataset(IMAGENET_SMALL, bicubic, batch_size=len(paths))
     images = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))[0]
     np.testing.assert_array_equal(images, ref)
 
@@ -313,8 +316,9 @@ def test_folder_logits_equal_torch(tmp_path, r18_pair, pretrained_cfg):
     values = pretrained_config(folder)
     assert values["net_name"] == "resnet18" and values["class_num"] == 1000
     paths = imagenet_images()[:8]
-    images = preprocess_images(paths, values["eval_image_size"], values["eval_resize"],
-                               values["eval_interpolation"])
+    images = preprocess_images(paths, EvalPreprocess(
+        image_size=values["eval_image_size"], resize=values["eval_resize"],
+        interpolation=values["eval_interpolation"]))
     ours = load_predictor(folder, "resnet18", 1000, 8)(images)
     ref = torch_logits(r18_pair, paths, pretrained_cfg)
     scale = float(np.abs(ref).max())

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from src.data.image_check import ImageFolderError, check_image_folder, set_max_image_pixels
+from src.data.settings import EvalPreprocess
 from src.data.transforms import create_transforms, decode_rgb
 from src.deploy.inference import preprocess_images
 from tests.helpers import ROOT
@@ -56,11 +57,12 @@ def test_train_eval_and_predict_decode_the_same_pixels(name, tmp_path):
     # predict: files through the eval transforms, the same as the pipeline's
     path = tmp_path / f"{name}.img"
     path.write_bytes(data)
-    ops = create_transforms(False, SIDE, SIDE)
+    ops = create_transforms(EvalPreprocess(image_size=SIDE, resize=SIDE))
     pipeline = raw
     for op in ops:
         pipeline = op(pipeline)
-    np.testing.assert_array_equal(preprocess_images([str(path)], SIDE, SIDE)[0], pipeline)
+    np.testing.assert_array_equal(preprocess_images(
+        [str(path)], EvalPreprocess(image_size=SIDE, resize=SIDE))[0], pipeline)
 
 
 def test_sixteen_bit_greyscale_is_not_read_as_white():
@@ -89,7 +91,8 @@ def test_an_image_above_max_image_pixels_is_named_by_the_check_and_predict(tmp_p
         check_image_folder(str(tmp_path))
     with pytest.raises(ImageFolderError, match="large.png: 80 x 60 pixels: more pixels than "
                                                "max_image_pixels 3000"):
-        preprocess_images([str(tmp_path / "b" / "large.png")], 32, 32)
+        preprocess_images(
+            [str(tmp_path / "b" / "large.png")], EvalPreprocess(image_size=32, resize=32))
     pixel_limit(5000)
     assert check_image_folder(str(tmp_path)) == ["a", "b"]
     # the error says it: no Pillow warning printed beside it (recwarn records every warning)
@@ -101,7 +104,7 @@ def test_an_image_far_above_the_limit_is_named_not_a_traceback(tmp_path, pixel_l
     pixel_limit(1000)
     Image.new("RGB", (80, 60)).save(tmp_path / "huge.png")
     with pytest.raises(ImageFolderError, match="huge.png: more pixels than max_image_pixels"):
-        preprocess_images([str(tmp_path / "huge.png")], 32, 32)
+        preprocess_images([str(tmp_path / "huge.png")], EvalPreprocess(image_size=32, resize=32))
 
 
 def test_the_eval_pipeline_reads_sixteen_bit_greyscale_as_its_eight_bit_twin(tmp_path):
@@ -110,8 +113,8 @@ def test_the_eval_pipeline_reads_sixteen_bit_greyscale_as_its_eight_bit_twin(tmp
     for cls, payload in (("a_grey8", encoded(picture().convert("L"))), ("b_grey16", data)):
         (tmp_path / cls).mkdir()
         (tmp_path / cls / "image.png").write_bytes(payload)
-    dataset = create_dataset(str(tmp_path), is_training=False, batch_size=2, image_size=SIDE,
-                             eval_resize=SIDE, num_parallel_workers=1)
+    dataset = create_dataset(str(tmp_path), EvalPreprocess(image_size=SIDE, resize=SIDE),
+                             batch_size=2, num_parallel_workers=1)
     images, labels = next(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
     assert labels.tolist() == [0, 1]
     np.testing.assert_array_equal(images[0], images[1])

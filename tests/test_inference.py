@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from src.data import pipeline
+from src.data.settings import EvalPreprocess
 from src.deploy import formats, inference
 from src.deploy.formats import load_predictor
 from src.deploy.inference import (
@@ -160,7 +161,8 @@ def test_predict_preprocesses_a_folder_batch_by_batch(r18_ckpt, tmp_path, monkey
 
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     paths = list_images(folder)
-    probs = softmax(load_predictor(r18_ckpt, "resnet18", 10, 3)(preprocess_images(paths, 32, 32)))
+    probs = softmax(load_predictor(r18_ckpt, "resnet18", 10, 3)(preprocess_images(
+        paths, EvalPreprocess(image_size=32, resize=32))))
     assert [p["image"] for p in printed] == paths
     for item, row in zip(printed, probs):
         assert [t["class"] for t in item["top"]] == list(np.argsort(-row)[:5])

@@ -23,6 +23,7 @@ except ImportError as err:  # a dev dependency like torch: a missing one fails, 
                       ) from err
 
 from src.data.pipeline import image_folder_files
+from src.data.settings import EvalPreprocess
 from src.deploy.inference import load_onnx, preprocess_images, softmax
 from src.models.resnet import create_network
 from src.utils import device
@@ -75,7 +76,7 @@ def checkpoint_log(caplog, monkeypatch):
 
 @pytest.fixture(scope="module")
 def images():
-    return preprocess_images(sample_images(), SIZE, SIZE)
+    return preprocess_images(sample_images(), EvalPreprocess(image_size=SIZE, resize=SIZE))
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +210,7 @@ def test_eval_on_a_mindcv_checkpoint(mindcv_r18, cifar_small, tmp_path, capsys, 
     files = image_folder_files(cifar_small["test"])
     assert result["images"] == len(files) == 30
     probs = softmax(mindcv_r18["net"](ms.Tensor(preprocess_images(
-        [path for path, _ in files], SIZE, SIZE))).asnumpy())
+        [path for path, _ in files], EvalPreprocess(image_size=SIZE, resize=SIZE)))).asnumpy())
     labels = np.array([label for _, label in files])
     assert result["top1"] == pytest.approx(float((probs.argmax(1) == labels).mean()))
     index = {path: i for i, (path, _) in enumerate(files)}

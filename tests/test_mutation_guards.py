@@ -112,6 +112,7 @@ def test_sixteen_bit_pixels_keep_their_high_byte_and_eval_equals_predict_when_re
     from PIL import Image
 
     from src.data.pipeline import create_dataset
+    from src.data.settings import EvalPreprocess
     from src.data.transforms import decode_rgb
     from src.deploy.inference import preprocess_images
 
@@ -128,10 +129,11 @@ def test_sixteen_bit_pixels_keep_their_high_byte_and_eval_equals_predict_when_re
     folder = tmp_path / "a"
     folder.mkdir()
     (folder / "image.png").write_bytes(buffer.getvalue())
-    data = create_dataset(str(tmp_path), is_training=False, batch_size=1, image_size=24,
-                          eval_resize=33, num_parallel_workers=1)
+    data = create_dataset(str(tmp_path), EvalPreprocess(image_size=24, resize=33), batch_size=1,
+                          num_parallel_workers=1)
     images = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))[0]
-    np.testing.assert_array_equal(preprocess_images([str(folder / "image.png")], 24, 33),
+    np.testing.assert_array_equal(preprocess_images(
+        [str(folder / "image.png")], EvalPreprocess(image_size=24, resize=33)),
                                   images)
 
 

@@ -157,6 +157,7 @@ def test_both_pipelines_feed_the_same_images(train_images):
 
     from benchmarks.torch_reference_train import ImageFolder, list_images
     from src.data.pipeline import create_dataset
+    from src.data.settings import Sampling, TrainAugment
 
     cfg = parse_config(["--config_path", CONFIG] + common_args())
     _, paths, labels = list_images(train_images, False)
@@ -165,8 +166,9 @@ def test_both_pipelines_feed_the_same_images(train_images):
     for seed in (1, 2):
         ds.config.set_seed(seed)
         batch = next(create_dataset(
-            train_images, is_training=True, batch_size=len(paths), shuffle=False,
-            image_size=cfg.train_image_size, crop_scale=cfg.train_crop_scale,
+            train_images, TrainAugment(image_size=cfg.train_image_size,
+                                       crop_scale=tuple(cfg.train_crop_scale)),
+            batch_size=len(paths), sampling=Sampling(shuffle=False),
             num_parallel_workers=1).create_dict_iterator(output_numpy=True))
         np.testing.assert_array_equal(batch["label"], labels)
         np.testing.assert_allclose(batch["image"], twin, rtol=0, atol=1e-5)

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
+from src.data.settings import EvalPreprocess
 from src.deploy.formats import load_predictor
 from src.deploy.inference import preprocess_images
 from src.deploy.quantize import (
@@ -70,7 +71,8 @@ def probe_network(seed):
     body = torch.nn.Sequential(*list(net.children())[:-1])
     net.train()
     with torch.no_grad():
-        features = torch.flatten(body(torch.from_numpy(preprocess_images(paths, 32, 32))), 1)
+        features = torch.flatten(body(torch.from_numpy(preprocess_images(
+            paths, EvalPreprocess(image_size=32, resize=32)))), 1)
     features = features.numpy().astype(np.float64)
     mean = features.mean(axis=0)
     centered = features - mean
@@ -192,7 +194,7 @@ def test_eval_top1_of_int8_is_close_to_fp32(exported, tmp_path):
 @pytest.mark.slow
 def test_int8_logits_follow_fp32_on_real_images(exported):
     paths, _ = labelled(TEST, 200)
-    images = preprocess_images(paths, 32, 32)
+    images = preprocess_images(paths, EvalPreprocess(image_size=32, resize=32))
     fp32, int8 = onnx_logits(exported["fp32"], images), onnx_logits(exported["int8"], images)
     cosine = (fp32 * int8).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(int8, axis=1)
     print(f"\n[int8] mean logits cosine {cosine.mean():.4f}, top-1 agreement "
@@ -209,8 +211,8 @@ def test_predict_runs_on_the_int8_file(exported):
     printed = [json.loads(line) for line in result.stdout.splitlines()
                if line.startswith('{"image"')]
     assert len(printed) == 20
-    logits = onnx_logits(exported["int8"],
-                         preprocess_images([p["image"] for p in printed], 32, 32))
+    logits = onnx_logits(exported["int8"], preprocess_images(
+        [p["image"] for p in printed], EvalPreprocess(image_size=32, resize=32)))
     assert [p["top"][0]["class"] for p in printed] == list(logits.argmax(axis=1))
     for item in printed:
         probs = [t["probability"] for t in item["top"]]
@@ -248,11 +250,11 @@ def test_calibration_images_are_spread_evenly_over_the_classes(tmp_path):
 
 def test_the_reader_gives_eval_preprocessed_batches_of_the_export_size():
     paths = select_calibration_images(TRAIN, 7)
-    reader = ImageCalibrationReader(paths, "image", 3, 32, 32)
+    reader = ImageCalibrationReader(paths, "image", 3, EvalPreprocess(image_size=32, resize=32))
     batches = [reader.get_next() for _ in range(3)]
     assert reader.get_next() is None
     assert all(list(b) == ["image"] and b["image"].shape == (3, 3, 32, 32) for b in batches)
-    expected = preprocess_images(paths, 32, 32)
+    expected = preprocess_images(paths, EvalPreprocess(image_size=32, resize=32))
     np.testing.assert_array_equal(np.concatenate([b["image"] for b in batches])[:7], expected)
     np.testing.assert_array_equal(batches[2]["image"], pad_batch(expected[6:], 3))
     np.testing.assert_array_equal(batches[2]["image"][2], expected[6])  # padded by repetition

@@ -16,6 +16,7 @@ import src.data.pipeline as pipeline
 from src import recipe
 from src.data.augment import RandomErasing, auto_augment_ops
 from src.data.mixing import BatchMixer
+from src.data.settings import TrainAugment
 from src.utils.config import parse_config
 from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders
 
@@ -83,11 +84,12 @@ def test_the_pipeline_gets_the_configured_policy_and_erasing(one_per_class, tran
     cfg = config(one_per_class, "--auto_augment", policy, "--randaugment_num_ops", "1",
                  "--randaugment_magnitude", "7", "--random_erasing", "0.25")
     epoch_batch(cfg, 0)
-    training = [(args, ops) for args, ops in transforms_made if args["is_training"]]
+    training = [(args["settings"], ops) for args, ops in transforms_made
+                if isinstance(args["settings"], TrainAugment)]
     assert training, "create_dataset built no training transforms"
     for args, ops in training:  # build_data's pipeline and the epoch's
-        assert (args["auto_augment"], args["randaugment_num_ops"], args["randaugment_magnitude"],
-                args["random_erasing"]) == (policy, 1, 7, 0.25)
+        assert (args.auto_augment, args.randaugment_num_ops, args.randaugment_magnitude,
+                args.random_erasing) == (policy, 1, 7, 0.25)
         expected = auto_augment_ops(policy, cfg.train_image_size, 1, 7)
         assert expected and all(any(type(op) is type(e) for op in ops) for e in expected), (
             f"{policy}: the policy's ops {expected} are not in the pipeline {ops}")
@@ -100,7 +102,7 @@ def test_without_the_keys_the_pipeline_has_neither(one_per_class, transforms_mad
     policy_types = {type(op) for name in ("trivialaugment_wide", "autoaugment")
                     for op in auto_augment_ops(name, 32)}
     for args, ops in transforms_made:
-        assert (args["auto_augment"], args["random_erasing"]) == ("none", 0.0)
+        assert (args["settings"].auto_augment, args["settings"].random_erasing) == ("none", 0.0)
         assert not any(isinstance(op, RandomErasing) or type(op) in policy_types for op in ops)
 
 

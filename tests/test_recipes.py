@@ -95,6 +95,7 @@ def test_training_reports_live_and_ema_top1_and_eval_reproduces_both(ema_run, tm
 def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
     import onnxruntime as ort
 
+    from src.data.settings import EvalPreprocess
     from src.deploy.inference import list_images, load_network, preprocess_images
     out, _ = ema_run
     ckpt = str(out / "resnet18-2_6.ckpt")
@@ -102,7 +103,8 @@ def test_export_and_predict_use_the_ema_weights(ema_run, tmp_path):
     succeeded(run_in_process("export.py", "--config_path", EMA_CONFIG,
                              *SMALL, "--checkpoint_path", ckpt, "--file_format", "ONNX",
                              "--file_name", name))
-    images = preprocess_images(list_images(IMAGENET_SMALL)[:4], 64, 72)
+    images = preprocess_images(
+        list_images(IMAGENET_SMALL)[:4], EvalPreprocess(image_size=64, resize=72))
     session = ort.InferenceSession(name + ".onnx", providers=["CPUExecutionProvider"])
     exported = session.run(None, {"image": images})[0]
     import mindspore as ms

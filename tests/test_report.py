@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from src.data.pipeline import create_dataset, image_folder_files
+from src.data.settings import EvalPreprocess
 from src.deploy import formats
 from src.deploy.report import ClassReport, plot_confusion, top_confusions
 from src.utils import device
@@ -46,8 +47,8 @@ def test_images_are_named_by_path_and_their_order_is_checked():
 
 
 def test_the_folder_listing_is_the_eval_pipeline_s_order(cifar_small):
-    data = create_dataset(cifar_small["test"], is_training=False, batch_size=7, image_size=32,
-                          eval_resize=32, num_parallel_workers=2)
+    data = create_dataset(cifar_small["test"], EvalPreprocess(image_size=32, resize=32),
+                          batch_size=7, num_parallel_workers=2)
     labels = np.concatenate([y for _, y in data.create_tuple_iterator(num_epochs=1,
                                                                       output_numpy=True)])
     listed = image_folder_files(cifar_small["test"])

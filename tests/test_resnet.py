@@ -9,6 +9,7 @@ import pytest
 from mindspore.common.initializer import initializer
 from mindspore.nn.utils import no_init_parameters
 
+from src.data.settings import EvalPreprocess
 from src.deploy.inference import preprocess_images
 from src.models.resnet import (
     NETWORKS,
@@ -201,7 +202,8 @@ def test_pool_forms_equal_after_relu_on_real_images():
     through the ReLU exactly here on CPU. Before the ReLU's backward they differ only where a
     window's maximum is 0 (ties between zeros, padding included), which the ReLU's gradient
     (0 at 0) discards."""
-    images = ms.Tensor(preprocess_images(imagenet_images()[:4], 224, 256))
+    images = ms.Tensor(preprocess_images(
+        imagenet_images()[:4], EvalPreprocess(image_size=224, resize=256)))
     net = create_network("resnet18", 10)
     net.set_train(False)
     stem = net.bn1(net.conv1(images))  # pre-ReLU, (4, 64, 112, 112)
@@ -277,7 +279,8 @@ def test_same_pool_kept_on_every_device_and_in_export(tmp_path):
     assert isinstance(use_exportable_max_pool(structure("resnet18", 10)).maxpool,
                       MaxPoolPad1)  # pad: zero padding + 'valid', as before
 
-    images = ms.Tensor(preprocess_images(imagenet_images()[:2], 32, 32))
+    images = ms.Tensor(preprocess_images(
+        imagenet_images()[:2], EvalPreprocess(image_size=32, resize=32)))
     net.set_train(False)
     stem = ops.ReLU()(net.bn1(net.conv1(images)))  # (2, 64, 16, 16), >= 0
     want = net.maxpool(stem).asnumpy()

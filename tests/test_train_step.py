@@ -197,7 +197,8 @@ def test_ema_evaluation_is_measured_as_the_live_network(amp_level):
     cfg = parse_config(["--net_name", "resnet18", "--class_num", "10", "--ema_decay", "0.99"])
     net = create_network("resnet18", 10)
     live, ema = training_model(cfg, net, 0.1, amp_level)
-    evaluator = build_evaluator(cfg, live, net, ema, None, amp_level)
+    evaluator = build_evaluator(cfg, model=live, net=net, ema=ema, shard=None,
+                                amp_level=amp_level)
     for model in (live, evaluator.ema_model):
         assert isinstance(model._eval_network, nn.WithEvalCell)
         assert model._eval_network.add_cast_fp32 == (amp_level == "O2")

@@ -17,6 +17,7 @@ import pytest
 from src import recipe
 from src.data.image_check import IMAGE_EXTENSIONS
 from src.data.pipeline import create_dataset, image_folder_files
+from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.split import (
     TRAIN_SPLIT_FILE,
     VAL_SPLIT_FILE,
@@ -145,9 +146,10 @@ def test_an_explicit_eval_data_path_wins_over_val_split(folder, caplog):
                         "--batch_size", "4"])
     recipe.check_train_config(cfg)  # not an error
     data = recipe.build_data(cfg, 0, 1)
-    assert "indices" not in data.train_args and "indices" not in data.eval_args
+    assert data.train_args["sampling"].indices is None and "sampling" not in data.eval_args
     with caplog.at_level(logging.INFO):
-        recipe.record_run_images(cfg, False, data.class_names, False, logging.getLogger("t"))
+        recipe.record_run_images(cfg, continues_here=False, class_names=data.class_names,
+                                 write=False, log=logging.getLogger("t"))
     assert "val_split 0.25 not applied: eval_data_path" in caplog.text
     assert "training images per class: 3 classes, 30 images" in caplog.text  # all of them
 
@@ -186,16 +188,17 @@ def test_the_pipelines_read_their_part_only_and_shard_it(folder):
     split = split_image_folder(folder, 0.25, 3)
     labels = np.array([label for _, label in split.files])
     ds.config.set_seed(11)
-    trained = create_dataset(folder, True, batch_size=1, image_size=32,
-                             num_parallel_workers=2, indices=split.train)
+    trained = create_dataset(folder, TrainAugment(image_size=32), batch_size=1,
+                             num_parallel_workers=2, sampling=Sampling(indices=split.train))
     assert sorted(rows(trained)) == sorted(labels[split.train].tolist())
-    evaluated = create_dataset(folder, False, batch_size=4, image_size=32, eval_resize=32,
-                               num_parallel_workers=2, indices=split.val)
+    evaluated = create_dataset(folder, EvalPreprocess(image_size=32, resize=32), batch_size=4,
+                               num_parallel_workers=2, sampling=Sampling(indices=split.val))
     assert rows(evaluated) == labels[split.val].tolist()  # in order
     # two shards: every held-out image once, the shorter shard padded (DistributedSampler)
-    shards = [rows(create_dataset(folder, False, batch_size=4, image_size=32, eval_resize=32,
-                                  num_parallel_workers=2, indices=split.val, num_shards=2,
-                                  shard_id=s)) for s in (0, 1)]
+    shards = [rows(create_dataset(folder, EvalPreprocess(image_size=32, resize=32), batch_size=4,
+                                  num_parallel_workers=2, sampling=Sampling(
+                                      indices=split.val, num_shards=2, shard_id=s)))
+              for s in (0, 1)]
     assert shards[0] == labels[split.val][0::2].tolist()
     assert shards[1] == labels[split.val][1::2].tolist() + labels[split.val][:1].tolist()
 
@@ -258,8 +261,8 @@ def test_a_resumed_run_refuses_a_changed_split(folder, tmp_path, caplog):
     def record(seed, continues_here, *extra):
         cfg = parse_config(["--data_path", folder, "--val_split", "0.25", "--seed", str(seed),
                             "--output_dir", str(tmp_path), "--class_num", "3", *extra])
-        recipe.record_run_images(cfg, continues_here, list(COUNTS), True,
-                                 logging.getLogger("t"))
+        recipe.record_run_images(cfg, continues_here=continues_here, class_names=list(COUNTS),
+                                 write=True, log=logging.getLogger("t"))
 
     record(1, False)
     first = (tmp_path / VAL_SPLIT_FILE).read_text()
@@ -280,8 +283,8 @@ def test_run_eval_shards_count_the_held_out_part(folder):
     from src.training.evaluator import eval_shard
 
     split = split_image_folder(folder, 0.25, 3)
-    args = dict(dataset="imagefolder", batch_size=2, image_size=32, eval_resize=32,
-                num_parallel_workers=1, indices=split.val)
+    args = dict(settings=EvalPreprocess(image_size=32, resize=32), dataset="imagefolder",
+                batch_size=2, num_parallel_workers=1, sampling=Sampling(indices=split.val))
     shards = [eval_shard(folder, args, 2, s) for s in (0, 1)]
     assert [s.image_count for s in shards] == [5, 4]  # 9 held-out images
     assert eval_shard(folder, args).dataset.get_dataset_size() == 5

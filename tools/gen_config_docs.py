@@ -30,11 +30,12 @@ from src.utils.config import (  # noqa: E402
     read_sections,
 )
 from src.utils.files import plain_file_mode  # noqa: E402
+from src.utils.image_constants import RANDAUGMENT_MAX_MAGNITUDE, RANDAUGMENT_MAX_OPS  # noqa: E402
 from src.utils.limits import FLOAT32_MAX, INT32_MAX  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "configuration.md")
-CODE_RANGES = {"scale_factor": "> 1", "randaugment_num_ops": "from 0 to 3",
-               "randaugment_magnitude": "from 0 to 30",
+CODE_RANGES = {"scale_factor": "> 1", "randaugment_num_ops": f"from 0 to {RANDAUGMENT_MAX_OPS}",
+               "randaugment_magnitude": f"from 0 to {RANDAUGMENT_MAX_MAGNITUDE}",
                "train_crop_scale": "[min, max] with 0 < min <= max <= 1"}
 """Ranges that ``check_values`` checks in its code rather than through its key tuples
 (``POSITIVE``, ``NON_NEGATIVE``, ``UNIT_INTERVAL``); they take precedence over the tuples."""

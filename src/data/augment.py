@@ -1,12 +1,7 @@
-"""Training augmentations on top of crop and flip: TrivialAugment wide, RandAugment and
-AutoAugment (per-image policies on uint8 HWC RGB crops) and random erasing (on the normalized
-float32 CHW image), with the checks of their arguments.
-
-TrivialAugment and RandAugment are built from MindSpore's single C++ ops, not taken from
-``vision.TrivialAugmentWide`` / ``vision.RandAugment``: in MindSpore 2.10 those translate by
-whole image widths (TranslateX/Y by m pixels blanks the image: about 1 in 8 TrivialAugment
-images comes out all black), shear by tan(m) about the center and draw ops and signs with
-a bias. Details and measurements: docs/augmentations.md.
+"""Training augmentations beyond crop and flip: TrivialAugment wide, RandAugment, AutoAugment
+(per-image policies on uint8 HWC RGB crops), random erasing (normalized float32 CHW), and the
+checks of their arguments. TrivialAugment and RandAugment are built from MindSpore's single
+ops, not its built-ins, which mis-translate and mis-shear in 2.10: docs/augmentations.md.
 """
 import itertools
 import math
@@ -18,41 +13,33 @@ import mindspore.dataset.transforms as transforms
 import mindspore.dataset.vision as vision
 import numpy as np
 
-MAGNITUDE_BINS = 31  # magnitude bins of TrivialAugment / RandAugment (torchvision's default)
-RANDAUGMENT_MAX_OPS = 3  # the flat choice over op tuples has 28 ** num_ops entries
+from src.utils.image_constants import (
+    MAGNITUDE_BINS,
+    RANDAUGMENT_MAX_MAGNITUDE,
+    RANDAUGMENT_MAX_OPS,
+)
+
 ERASE_SCALE = (0.02, 1.0 / 3.0)  # erased area, fraction of the image (Zhong et al.; timm)
 ERASE_RATIO = (0.3, 3.3)  # erased height / width, drawn log-uniformly
 _BILINEAR = vision.Inter.BILINEAR
 
 
-def trivial_augment_wide_space(num_bins=MAGNITUDE_BINS):
+def trivial_augment_wide_space(num_bins: int = MAGNITUDE_BINS) -> dict:
     """TrivialAugment's "wide" space (Müller & Hutter 2021; torchvision's
-    ``TrivialAugmentWide``): op name -> (magnitudes, signed).
-
-    Magnitudes: shear factor (x' = x + m y), translation in pixels (truncated to int), rotation
-    in degrees, enhancement ``m`` for the factor 1 + m (Brightness, Color = saturation,
-    Contrast, Sharpness), bits kept (Posterize), threshold (Solarize inverts pixels >= it);
-    ``None`` for ops without one. Signed ops use +m or -m with equal probability.
-
-    Returns:
-        dict: name -> (numpy.ndarray of ``num_bins`` magnitudes or None, bool signed).
-    """
+    ``TrivialAugmentWide``): op name -> (``num_bins`` magnitudes or None, signed). Units: shear
+    factor, pixels, degrees, enhancement m of factor 1 + m, bits kept, Solarize threshold."""
     return _augment_space(num_bins, shear=0.99, shift=32.0, rotate=135.0, enhance=0.99,
                           posterize_drop=6)
 
 
-def rand_augment_space(image_size, num_bins=MAGNITUDE_BINS):
-    """RandAugment's space (Cubuk et al. 2020; torchvision's ``RandAugment``), magnitudes as
-    ``trivial_augment_wide_space``; translation up to 150/331 of ``image_size`` pixels.
-
-    Returns:
-        dict: name -> (numpy.ndarray of ``num_bins`` magnitudes or None, bool signed).
-    """
+def rand_augment_space(image_size: int, num_bins: int = MAGNITUDE_BINS) -> dict:
+    """RandAugment's space (Cubuk et al. 2020; torchvision's), as
+    ``trivial_augment_wide_space``; translation up to 150/331 of ``image_size`` pixels."""
     return _augment_space(num_bins, shear=0.3, shift=150.0 / 331.0 * image_size, rotate=30.0,
                           enhance=0.9, posterize_drop=4)
 
 
-def _augment_space(num_bins, shear, shift, rotate, enhance, posterize_drop):
+def _augment_space(num_bins, *, shear, shift, rotate, enhance, posterize_drop):
     """The op table both spaces share: each magnitude linear from 0 to its maximum over the
     bins (Solarize from 255 down to 0), Posterize from 8 bits down to 8 - ``posterize_drop``."""
     def ramp(top):
@@ -74,11 +61,8 @@ def _posterize_bits(num_bins, max_drop):
 
 
 def _shear(axis, m, size):
-    """Shear by factor ``m`` about the top-left corner (torchvision's ``center=[0, 0]``, PIL's
-    affine data (1, m, 0, 0, 1, 0) for x): ``vision.Affine`` shears about the center, so a
-    shift of -m x side / 2 moves the fixed line to the top (left) edge. ``vision.Affine``
-    takes the shift as a fraction of the side (-m / 2 for any ``size``) and the shear as an
-    angle whose tangent is the factor."""
+    """Shear by factor ``m`` about the top-left corner, as torchvision: ``vision.Affine``
+    shears about the center by an angle, so shift by -m / 2 of the side and use atan(m)."""
     del size
     degrees, shift = math.degrees(math.atan(m)), -m / 2
     if axis == 0:
@@ -113,14 +97,9 @@ AUGMENT_OPS = {
 }
 
 
-def augment_variants(space, image_size):
-    """Every (op, magnitude, sign) of ``space`` as a MindSpore op, each op name given the same
-    number of entries (2 per magnitude: +m and -m for signed ops, m twice otherwise), so a
-    uniform pick among them picks the op uniformly, then the magnitude and the sign.
-
-    Returns:
-        list[tuple(str, float, object)]: (op name, signed magnitude, MindSpore op).
-    """
+def augment_variants(space: dict, image_size: int) -> list[tuple[str, float, object]]:
+    """(op name, signed magnitude, MindSpore op) of every entry of ``space``, each op given
+    as many entries, so one uniform pick draws op, magnitude and sign uniformly."""
     count = 2 * max(len(m) for m, _ in space.values() if m is not None)
     variants = []
     for name, (magnitudes, signed) in space.items():
@@ -166,20 +145,11 @@ AUTO_AUGMENT_POLICIES = {"none": lambda image_size, num_ops, magnitude: [],
                          "randaugment": _rand_augment, "autoaugment": _auto_augment}
 
 
-def auto_augment_ops(name, image_size, randaugment_num_ops=2, randaugment_magnitude=9):
-    """The per-image policy ``name`` (``AUTO_AUGMENT_POLICIES``) for square uint8 HWC RGB
-    images of side ``image_size`` (pixels 0-255; output the same shape and dtype), bilinear,
-    geometric ops filling with 0:
-
-    - ``none``: no op.
-    - ``trivialaugment_wide``: one op of ``trivial_augment_wide_space`` per image, op, bin
-      (31) and sign uniform (Müller & Hutter 2021).
-    - ``randaugment``: ``randaugment_num_ops`` ops of ``rand_augment_space`` in sequence, each
-      op and sign uniform, magnitude bin ``randaugment_magnitude`` (Cubuk et al. 2020).
-    - ``autoaugment``: ``vision.AutoAugment`` with the ImageNet policy (Cubuk et al. 2019).
-
-    Returns:
-        list: MindSpore ops (empty for ``none``).
+def auto_augment_ops(name: str, image_size: int, randaugment_num_ops: int = 2,
+                     randaugment_magnitude: int = 9) -> list:
+    """MindSpore ops of the per-image policy ``name`` (``AUTO_AUGMENT_POLICIES``; ``none``: no
+    op) on square uint8 HWC RGB images of side ``image_size``, bilinear, filling with 0
+    (docs/augmentations.md#how-ours-are-built).
 
     Raises:
         ValueError: As ``check_augment_args``.
@@ -188,12 +158,11 @@ def auto_augment_ops(name, image_size, randaugment_num_ops=2, randaugment_magnit
     return AUTO_AUGMENT_POLICIES[name](image_size, randaugment_num_ops, randaugment_magnitude)
 
 
-def check_augment_args(auto_augment, randaugment_num_ops, randaugment_magnitude,
-                       random_erasing):
+def check_augment_args(auto_augment: str, randaugment_num_ops: int,
+                       randaugment_magnitude: int, random_erasing: float) -> None:
     """Raises:
-        ValueError: Naming the bad value: an ``auto_augment`` not in
-            ``AUTO_AUGMENT_POLICIES`` (lists the valid names), ``randaugment_num_ops`` not an
-            int in [0, 3], ``randaugment_magnitude`` not an int in [0, 30], or
+        ValueError: Naming the bad value: an unknown ``auto_augment`` (lists the valid ones),
+            RandAugment arguments outside ``src.utils.image_constants``' limits, or
             ``random_erasing`` not in [0, 1].
     """
     if auto_augment not in AUTO_AUGMENT_POLICIES:
@@ -201,7 +170,8 @@ def check_augment_args(auto_augment, randaugment_num_ops, randaugment_magnitude,
                          f"{', '.join(AUTO_AUGMENT_POLICIES)}")
     if auto_augment == "randaugment":
         _check_int_range("randaugment_num_ops", randaugment_num_ops, RANDAUGMENT_MAX_OPS)
-        _check_int_range("randaugment_magnitude", randaugment_magnitude, MAGNITUDE_BINS - 1)
+        _check_int_range("randaugment_magnitude", randaugment_magnitude,
+                         RANDAUGMENT_MAX_MAGNITUDE)
     check_probability("random_erasing", random_erasing)
 
 
@@ -211,7 +181,7 @@ def _check_int_range(key, value, high):
         raise ValueError(f"{key} must be an integer in [0, {high}], got {value!r}")
 
 
-def check_probability(key, value):
+def check_probability(key: str, value: float) -> None:
     """Raises:
         ValueError: If ``value`` is not a number in [0, 1] (names ``key`` and the value).
     """
@@ -220,41 +190,23 @@ def check_probability(key, value):
 
 
 class RandomErasing:
-    """Random erasing (Zhong et al. 2020) with torchvision's ``RandomErasing(value="random")``
-    / timm's ``mode="pixel"`` semantics, on a normalized float32 CHW image.
-
-    With probability ``prob``: up to 10 tries to draw an area fraction uniformly from
-    ``scale`` and an aspect ratio (height / width) log-uniformly from ``ratio``; height and
-    width are rounded, and the first rectangle strictly smaller than the image is placed
-    uniformly and filled with independent standard normal values (float32, every channel
-    and pixel its own). No fitting rectangle in 10 tries: the image is returned unchanged.
-    Not ``vision.RandomErasing``: that draws the aspect ratio uniformly (not log-uniformly)
-    and uses Python's and numpy's global random state, so a pipeline with more than one
-    worker gives different results on every run.
-
-    Deterministic under parallel workers: each image's random numbers come from its own
-    generator seeded with (``seed``, CRC-32 of the image's bytes), whatever thread runs it,
-    in whatever order; ``seed`` defaults to the dataset seed (``ds.config.get_seed()``)
-    when the op is built, so ``ds.config.set_seed`` before building the pipeline fixes it.
-
-    Args:
-        prob (float): Probability of erasing, in [0, 1].
-        scale (tuple(float, float)): Erased area range, fraction of the image area.
-        ratio (tuple(float, float)): Aspect ratio (height / width) range.
-        seed (int, optional): Base seed; default the dataset seed.
-
-    Raises:
-        ValueError: If ``prob`` is not in [0, 1] (names the value).
-    """
+    """Random erasing (Zhong et al. 2020) as torchvision's ``RandomErasing(value="random")`` /
+    timm's ``mode="pixel"``, on a normalized float32 CHW image: with probability ``prob`` one
+    rectangle (area from ``scale``, aspect log-uniform from ``ratio``, 10 tries) filled with
+    standard normal noise. Each image draws from its own generator seeded with (``seed``,
+    CRC-32 of its bytes; default seed: the dataset seed when built), deterministic under
+    parallel workers (docs/augmentations.md#random-erasing). Raises ValueError for a ``prob``
+    outside [0, 1]."""
 
     max_attempts = 10
 
-    def __init__(self, prob, scale=ERASE_SCALE, ratio=ERASE_RATIO, seed=None):
+    def __init__(self, prob: float, scale: tuple[float, float] = ERASE_SCALE,
+                 ratio: tuple[float, float] = ERASE_RATIO, seed: int | None = None):
         check_probability("random_erasing", prob)
         self.prob, self.scale, self.ratio = prob, tuple(scale), tuple(ratio)
         self.seed = ds.config.get_seed() if seed is None else seed
 
-    def __call__(self, image):
+    def __call__(self, image: np.ndarray) -> np.ndarray:
         """``image`` float32 (C, H, W) -> the same array, or an erased copy."""
         rng = np.random.default_rng([self.seed, zlib.crc32(np.ascontiguousarray(image))])
         if rng.random() >= self.prob:
@@ -268,7 +220,8 @@ class RandomErasing:
             (image.shape[0], height, width), dtype=np.float32)
         return erased
 
-    def rectangle(self, shape, rng):
+    def rectangle(self, shape: tuple[int, int],
+                  rng: np.random.Generator) -> tuple[int, int, int, int] | None:
         """(top, left, height, width) of a rectangle inside ``shape`` (H, W), or None."""
         image_h, image_w = shape
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))

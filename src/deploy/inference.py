@@ -15,6 +15,7 @@ from src.data.image_check import (
     listing_text,
     nested_note,
 )
+from src.data.settings import EvalPreprocess
 from src.data.transforms import create_transforms
 from src.models.resnet import create_network
 from src.utils.checkpoint import load_into_network
@@ -106,17 +107,13 @@ def list_images(image_path: str) -> list[str]:
     return sorted(found)
 
 
-def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bilinear",
-                      exif_transpose=False):
+def preprocess_images(paths, preprocess=None):
     """Read and preprocess images exactly as the eval pipeline does.
 
     Args:
         paths (list[str]): Image files (JPEG, PNG, BMP).
-        image_size (int): Center crop, pixels.
-        eval_resize (int): Shorter side before the crop, pixels.
-        interpolation (str): The resize filter, ``bilinear`` or ``bicubic`` (PIL's).
-        exif_transpose (bool): Turn each image upright by its EXIF Orientation tag first
-            (``src.data.transforms.decode_rgb``), as the pipelines with ``exif_transpose``.
+        preprocess (EvalPreprocess, optional): Resize, crop, filter, EXIF, normalization;
+            default ``EvalPreprocess()``.
 
     Returns:
         numpy.ndarray: float32 (len(paths), 3, image_size, image_size), normalized.
@@ -125,8 +122,7 @@ def preprocess_images(paths, image_size=224, eval_resize=256, interpolation="bil
         ImageFolderError: If a file cannot be read (permission) or decoded as an image (names
             the file).
     """
-    ops = create_transforms(False, image_size, eval_resize, interpolation=interpolation,
-                            exif_transpose=exif_transpose)
+    ops = create_transforms(preprocess or EvalPreprocess())
     batch = []
     for path in paths:
         try:

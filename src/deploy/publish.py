@@ -13,7 +13,7 @@ from mindspore import nn
 from src.utils.checkpoint import source_names
 from src.utils.errors import WriteError
 from src.utils.files import atomic_write_text
-from src.utils.hub import CONFIG_FILE, IMAGENET_MEAN, IMAGENET_STD, WEIGHTS_FILE
+from src.utils.hub import CONFIG_FILE, WEIGHTS_FILE
 
 CARD_FILE = "README.md"
 NUM_FEATURES = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048,
@@ -42,20 +42,19 @@ def crop_pct_for(image_size: int, eval_resize: int) -> float:
     return crop_pct
 
 
-def timm_config(net_name, class_num, image_size, eval_resize, interpolation, label_names=None):
+def timm_config(net_name, class_num, preprocess, label_names=None):
     """``config.json`` in timm's format for our weights.
 
     Args:
         net_name (str): ``resnet18`` .. ``resnet152`` (timm's architecture names).
         class_num (int): Classifier outputs.
-        image_size (int): Eval center crop, pixels (``eval_image_size``).
-        eval_resize (int): Shorter side before the crop, pixels.
-        interpolation (str): ``bilinear`` or ``bicubic``.
+        preprocess (EvalPreprocess): The eval preprocessing the weights are evaluated with.
         label_names (list[str], optional): Class names in label order.
 
     Returns:
         dict: JSON-serializable config.
     """
+    image_size = preprocess.image_size
     pool = math.ceil(image_size / 32)
     config = {"architecture": net_name, "num_classes": class_num,
               "num_features": NUM_FEATURES[net_name], "global_pool": "avg"}
@@ -63,9 +62,9 @@ def timm_config(net_name, class_num, image_size, eval_resize, interpolation, lab
         config["label_names"] = list(label_names)
     config["pretrained_cfg"] = {
         "tag": "", "custom_load": False, "input_size": [3, image_size, image_size],
-        "fixed_input_size": False, "interpolation": interpolation,
-        "crop_pct": crop_pct_for(image_size, eval_resize), "crop_mode": "center",
-        "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "num_classes": class_num,
+        "fixed_input_size": False, "interpolation": preprocess.interpolation,
+        "crop_pct": crop_pct_for(image_size, preprocess.resize), "crop_mode": "center",
+        "mean": list(preprocess.mean), "std": list(preprocess.std), "num_classes": class_num,
         "pool_size": [pool, pool], "first_conv": "conv1", "classifier": "fc"}
     return config
 

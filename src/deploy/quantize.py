@@ -99,22 +99,14 @@ class ImageCalibrationReader:
         input_name (str): The model's input name (``image`` for this package's exports).
         batch_size (int): The model's fixed batch dimension; a short last batch is padded
             (``pad_batch``).
-        image_size (int): Center crop, pixels (``eval_image_size``).
-        eval_resize (int): Shorter side before the crop, pixels.
+        preprocess (EvalPreprocess): The eval preprocessing (``preprocess_images``).
         progress (Progress, optional): Told the number of images of each batch read.
-        interpolation (str): The eval resize filter (``eval_interpolation``).
-        exif_transpose (bool): Turn each image upright by its EXIF Orientation tag first
-            (``exif_transpose``), as the training and eval pipelines.
     """
 
-    def __init__(self, paths, input_name, batch_size, image_size, eval_resize, progress=None,
-                 interpolation="bilinear", exif_transpose=False):
+    def __init__(self, paths, input_name, batch_size, preprocess, progress=None):
         self.input_name = input_name
         self.batch_size = batch_size
-        self.image_size = image_size
-        self.eval_resize = eval_resize
-        self.interpolation = interpolation
-        self.exif_transpose = exif_transpose
+        self.preprocess = preprocess
         self.progress = progress
         self.batches = chunks(paths, batch_size)
 
@@ -124,8 +116,7 @@ class ImageCalibrationReader:
         paths = next(self.batches, None)
         if paths is None:
             return None
-        images = preprocess_images(paths, self.image_size, self.eval_resize, self.interpolation,
-                                   self.exif_transpose)
+        images = preprocess_images(paths, self.preprocess)
         if self.progress is not None:
             self.progress.update(len(paths))
         return {self.input_name: pad_batch(images, self.batch_size)}
@@ -213,8 +204,7 @@ def onnx_input_name(path: str) -> str:
     return onnx.load(path, load_external_data=False).graph.input[0].name
 
 
-def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize,
-                reduce_range=False, interpolation="bilinear", exif_transpose=False):
+def export_int8(fp32_path, out_path, paths, batch_size, preprocess, reduce_range=False):
     """Quantize an exported float32 ONNX model to ``out_path``, calibrated on ``paths``, with
     progress (``src.utils.progress``); the file appears whole or not at all (written in a temporary
     folder beside it, then renamed).
@@ -225,19 +215,14 @@ def export_int8(fp32_path, out_path, paths, batch_size, image_size, eval_resize,
         out_path (str): The int8 model's file (``.onnx``); replaced if it exists.
         paths (list[str]): Calibration images (``select_calibration_images``).
         batch_size (int): The batch size of the export (its fixed batch dimension, if fixed).
-        image_size (int): ``eval_image_size``, pixels.
-        eval_resize (int): Shorter side before the crop, pixels.
+        preprocess (EvalPreprocess): The calibration images' preprocessing (eval's).
         reduce_range (bool): 7-bit weights (``reduce_range_for``).
-        interpolation (str): The eval resize filter (``eval_interpolation``).
-        exif_transpose (bool): The calibration images turned upright by their EXIF
-            Orientation tag (``exif_transpose``).
     """
     folder = os.path.dirname(os.path.abspath(out_path))
     with tempfile.TemporaryDirectory(prefix=".quantize.", dir=folder) as workdir, \
             Progress(len(paths), "calibration") as progress:
         reader = ImageCalibrationReader(paths, onnx_input_name(fp32_path), batch_size,
-                                        image_size, eval_resize, progress, interpolation,
-                                        exif_transpose)
+                                        preprocess, progress)
         partial = os.path.join(workdir, "int8.onnx")
         quantize_int8(fp32_path, partial, reader, workdir, reduce_range)
         os.replace(partial, out_path)

@@ -12,6 +12,7 @@ the top-1 reported is that of the saved weights (``eval.py`` on them gives the s
 """
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 import mindspore as ms
@@ -19,6 +20,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from src.data.pipeline import count_images, create_dataset
+from src.data.settings import Sampling
 from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks, sum_over_ranks
 
 
@@ -65,8 +67,8 @@ def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
 
     Args:
         data_path (str): Eval folder (as ``create_dataset``).
-        data_args (dict): ``create_dataset`` keyword arguments (``dataset``, ``batch_size``
-            per device, ``image_size``, ...), without ``is_training`` and the shard keys.
+        data_args (dict): ``create_dataset`` keyword arguments (``settings``, ``dataset``,
+            ``batch_size`` per device, ...), ``sampling`` without the shards.
         num_shards (int, optional): Number of ranks.
         shard_id (int, optional): This rank.
 
@@ -78,12 +80,13 @@ def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
             (a MindSpore whose sampler shards otherwise: the count would be wrong).
     """
     if not num_shards or num_shards == 1:
-        return EvalShard(create_dataset(data_path, is_training=False, **data_args))
-    dataset = create_dataset(data_path, is_training=False, num_shards=num_shards,
-                             shard_id=shard_id, **data_args)
+        return EvalShard(create_dataset(data_path, **data_args))
+    sampling = replace(data_args.get("sampling") or Sampling(), num_shards=num_shards,
+                       shard_id=shard_id)
+    dataset = create_dataset(data_path, **dict(data_args, sampling=sampling))
     total = count_images(data_path, is_training=False,
                          dataset=data_args.get("dataset", "imagefolder"),
-                         indices=data_args.get("indices"))
+                         indices=sampling.indices)
     images, rows = shard_rows(total, num_shards, shard_id)
     batches = math.ceil(rows / data_args["batch_size"])
     if dataset.get_dataset_size() != batches:

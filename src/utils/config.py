@@ -10,6 +10,11 @@ import re
 import yaml
 
 from src.utils.errors import UserError
+from src.utils.image_constants import (
+    MAGNITUDE_BINS,
+    RANDAUGMENT_MAX_MAGNITUDE,
+    RANDAUGMENT_MAX_OPS,
+)
 from src.utils.limits import (
     AUG_REPEATS_MAX,
     BATCH_SIZE_MAX,
@@ -370,11 +375,12 @@ def check_values(cfg: Config) -> None:
     for key, (low, high, note) in INT_RANGES.items():
         if not low <= cfg[key] <= high:
             raise ConfigError(f"{key} must be in {low}..{high}{note}, got {cfg[key]}")
-    if not 0 <= cfg.randaugment_num_ops <= 3:
-        raise ConfigError(f"randaugment_num_ops must be in 0..3, got {cfg.randaugment_num_ops}")
-    if not 0 <= cfg.randaugment_magnitude <= 30:
-        raise ConfigError(f"randaugment_magnitude must be in 0..30 (31 bins), got "
-                          f"{cfg.randaugment_magnitude}")
+    if not 0 <= cfg.randaugment_num_ops <= RANDAUGMENT_MAX_OPS:
+        raise ConfigError(f"randaugment_num_ops must be in 0..{RANDAUGMENT_MAX_OPS}, got "
+                          f"{cfg.randaugment_num_ops}")
+    if not 0 <= cfg.randaugment_magnitude <= RANDAUGMENT_MAX_MAGNITUDE:
+        raise ConfigError(f"randaugment_magnitude must be in 0..{RANDAUGMENT_MAX_MAGNITUDE} "
+                          f"({MAGNITUDE_BINS} bins), got {cfg.randaugment_magnitude}")
     low, high = (cfg.train_crop_scale + [None, None])[:2]
     if len(cfg.train_crop_scale) != 2 or not 0 < low <= high <= 1:
         raise ConfigError(f"train_crop_scale must be [min, max] with 0 < min <= max <= 1, got "

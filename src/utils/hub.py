@@ -1,19 +1,8 @@
-"""Pretrained weights in timm's Hugging Face Hub form: ``model.safetensors`` + ``config.json``.
-
-A weights source (``--pre_trained``, ``--checkpoint_path``) is one of:
-
-- ``hf-hub:ORG/NAME[@REVISION]`` (timm's spelling): downloaded once into the Hugging Face
-  cache by ``huggingface_hub`` (``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``, ``HF_TOKEN``
-  as that library reads them; revision: a branch, tag or commit, default ``main``);
-- a folder holding ``model.safetensors`` and ``config.json`` (what ``hf download REPO
-  --local-dir FOLDER`` writes, and what ``export.py --file_format SAFETENSORS`` writes);
-- a bare ``.safetensors`` file (a ``config.json`` beside it is read when present).
-
-The tensors are read with safetensors' numpy loader: neither library needs PyTorch. Their
-names (torchvision's / timm's) are mapped to ours by the ``torchvision`` layout of
-``src.utils.checkpoint``. ``config.json`` is timm's (``timm/models/_hub.py``): ``architecture``,
-``num_classes``, optionally ``label_names``, and the weights' ``pretrained_cfg`` (input size,
-crop_pct, interpolation, mean, std), used by ``pretrained_eval_settings``.
+"""Pretrained weights in timm's Hugging Face Hub form (``model.safetensors`` + ``config.json``):
+an ``hf-hub:ORG/NAME[@REVISION]`` id (downloaded once into the Hugging Face cache by
+``huggingface_hub``), a folder holding both files, or a bare ``.safetensors`` file. Read with
+safetensors' numpy loader, no PyTorch; ``config.json`` gives the architecture, class count,
+label names and eval settings (``pretrained_cfg``). See docs/finetune.md#1-weights.
 """
 import functools
 import json
@@ -22,10 +11,12 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from src.utils.errors import MissingFileError, UserError
+from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS
 
 HUB_PREFIX = "hf-hub:"
 WEIGHTS_FILE = "model.safetensors"
@@ -38,10 +29,6 @@ KNOWN_IDS = ("timm/resnet18.tv_in1k", "timm/resnet34.tv_in1k", "timm/resnet50.tv
              "timm/resnet50.tv2_in1k", "timm/resnet101.tv2_in1k", "timm/resnet152.tv2_in1k",
              "timm/resnet50.a1_in1k")
 """Hub ids of ImageNet weights that fit (docs/finetune.md lists their top-1 and eval settings)."""
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-INTERPOLATIONS = ("bilinear", "bicubic")
-"""Eval resize filters this package applies (PIL's, as torchvision and timm on PIL images)."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -57,26 +44,20 @@ class PretrainedMismatchError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class PretrainedWeights:
-    """Weights resolved to local files.
-
-    Attributes:
-        source (str): As the user gave it (``hf-hub:timm/resnet50.tv2_in1k``, a folder, a
-            file), for messages and result files.
-        weights_file (str): The local ``.safetensors`` file.
-        config (dict): ``config.json`` (timm's format); empty when there is none.
-    """
+    """Weights resolved to local files: ``source`` as the user gave it, the local
+    ``weights_file``, the parsed ``config.json`` (timm's; {} when there is none)."""
 
     source: str
     weights_file: str
-    config: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def pretrained_cfg(self):
+    def pretrained_cfg(self) -> dict:
         """The weights' ``pretrained_cfg`` (timm): eval settings and provenance; {} if none."""
         return self.config.get("pretrained_cfg") or {}
 
     @property
-    def label_names(self):
+    def label_names(self) -> list[str] | None:
         """``config.json``'s ``label_names`` (class names in label order: timm writes a list,
         or a dict of class index -> name), or None."""
         names = self.config.get("label_names")
@@ -85,14 +66,14 @@ class PretrainedWeights:
         return [str(n) for n in names] if isinstance(names, list) and names else None
 
 
-def is_pretrained_source(path):
+def is_pretrained_source(path: str) -> bool:
     """Whether ``path`` names weights in the Hub form (an ``hf-hub:`` id, a folder or a
     ``.safetensors`` file) rather than a ``.ckpt`` / exported model file."""
     return bool(path) and (path.startswith(HUB_PREFIX) or path.endswith(SUFFIX)
                            or os.path.isdir(path))
 
 
-def parse_hub_id(source):
+def parse_hub_id(source: str) -> tuple[str, str | None]:
     """``hf-hub:ORG/NAME[@REVISION]`` -> (``ORG/NAME``, revision or None).
 
     Raises:
@@ -105,16 +86,9 @@ def parse_hub_id(source):
     return repo_id, revision or None
 
 
-def resolve_weights(source):
-    """Resolve a weights source to local files, downloading an ``hf-hub:`` id (once per
-    process; later runs find it in the cache).
-
-    Args:
-        source (str): ``hf-hub:ORG/NAME[@REVISION]``, a folder with ``model.safetensors``
-            and ``config.json``, or a ``.safetensors`` file.
-
-    Returns:
-        PretrainedWeights: The local weights file and the parsed ``config.json``.
+def resolve_weights(source: str) -> PretrainedWeights:
+    """Resolve a weights source (``hf-hub:`` id, folder, ``.safetensors`` file) to local files,
+    downloading a Hub id once per process.
 
     Raises:
         HubError: For a Hub failure (one line naming the id and what to do).
@@ -223,15 +197,8 @@ def _unreadable(weights, err):
                     f"cache (hf cache delete) or the folder and download it again")
 
 
-def read_safetensors(weights):
-    """The tensors of a ``.safetensors`` file as numpy arrays (safetensors' numpy loader).
-
-    Args:
-        weights (PretrainedWeights): As ``resolve_weights`` returns.
-
-    Returns:
-        dict[str, numpy.ndarray]: Tensor name (torchvision's / timm's) -> array, in the
-        file's dtype.
+def read_safetensors(weights: PretrainedWeights) -> dict[str, np.ndarray]:
+    """Tensor name (torchvision's / timm's) -> numpy array in the file's dtype.
 
     Raises:
         HubError: If the file is not a complete safetensors file (names it and the source).
@@ -243,7 +210,7 @@ def read_safetensors(weights):
         raise _unreadable(weights, err) from err
 
 
-def safetensors_shapes(weights):
+def safetensors_shapes(weights: PretrainedWeights) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of a ``.safetensors`` file, read from its header alone.
 
     Raises:
@@ -257,21 +224,12 @@ def safetensors_shapes(weights):
         raise _unreadable(weights, err) from err
 
 
-def check_architecture(weights, net_name=None):
-    """The network ``weights`` hold, by ``config.json``'s ``architecture`` when it has one.
-
-    Args:
-        weights (PretrainedWeights): As ``resolve_weights`` returns.
-        net_name (str, optional): The configured network; None: not checked.
-
-    Returns:
-        str or None: ``resnet18`` .. ``resnet152``, None when ``config.json`` names none (the
-        tensors decide then).
+def check_architecture(weights: PretrainedWeights, net_name: str | None = None) -> str | None:
+    """``config.json``'s architecture (``resnet18`` .. ``resnet152``), or None when it names none.
 
     Raises:
-        PretrainedMismatchError: If the architecture is one this package does not build
-            (``resnet50d``, ``resnext50_32x4d``, ``resnetv2_50``, ...; lists the ids that
-            fit), or differs from ``net_name``.
+        PretrainedMismatchError: If this package does not build it (lists the ids that fit), or
+            it differs from ``net_name`` (None: not checked).
     """
     arch = weights.config.get("architecture")
     if arch is None:
@@ -287,22 +245,15 @@ def check_architecture(weights, net_name=None):
     return arch
 
 
-def pretrained_eval_settings(weights):
-    """The eval preprocessing the weights were evaluated with, as our config keys (timm's
-    ``pretrained_cfg`` -> ``eval_image_size``, ``eval_resize`` = floor(size / crop_pct) as
-    timm's eval transform computes it, ``eval_interpolation``), from ``test_input_size`` /
-    ``test_crop_pct`` when given, else ``input_size`` / ``crop_pct``.
-
-    Args:
-        weights (PretrainedWeights): As ``resolve_weights`` returns.
-
-    Returns:
-        dict: Config key -> value, only those the ``pretrained_cfg`` gives.
+def pretrained_eval_settings(weights: PretrainedWeights) -> dict[str, int | str]:
+    """The eval preprocessing of the weights' ``pretrained_cfg`` as config keys:
+    ``eval_image_size``, ``eval_resize`` = floor(size / crop_pct) as timm computes it,
+    ``eval_interpolation``; from ``test_input_size`` / ``test_crop_pct`` when given. Only the
+    keys it gives.
 
     Raises:
-        PretrainedMismatchError: If the weights ask for another mean or std than ImageNet's
-            (the pipeline normalizes with ImageNet's) or an interpolation not in
-            ``INTERPOLATIONS``.
+        PretrainedMismatchError: For another mean or std than ImageNet's, a size that is not
+            square, or an interpolation not in ``INTERPOLATIONS``.
     """
     info = weights.pretrained_cfg
     for key, expected in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
