@@ -62,7 +62,8 @@ def test_unknown_flag_is_named(capsys):
 
 @pytest.mark.parametrize("key,value", [("batch_size", "large"), ("batch_size", "3.5"),
                                        ("base_lr", "fast"), ("run_eval", "maybe"),
-                                       ("all_reduce_fusion_config", "a,b")])
+                                       ("all_reduce_fusion_config", "a,b"),
+                                       ("lr_decay_epochs", "[30"), ("lr_decay_epochs", "1:20")])
 def test_wrong_type_on_command_line_is_named(key, value):
     with pytest.raises(ConfigError, match=f"'{key}' expects"):
         parse_config([f"--{key}", value])

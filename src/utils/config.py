@@ -263,7 +263,7 @@ def coerce(key: str, value: object, default: ConfigValue, source: str) -> Config
             value = _coerce_list(value, default)
         elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise TypeError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):
         raise ConfigError(f"{source}: key {key!r} expects {_type_name(default)}, "
                           f"got {value!r}") from None
     return value
