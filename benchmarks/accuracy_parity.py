@@ -39,7 +39,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from src.training.lr_schedule import LR_KEYS  # noqa: E402
-from src.utils.config import parse_config  # noqa: E402
+from src.utils.config import parse_config, read_recipe  # noqa: E402
 from tools.plot_metrics import MetricsError, plot_runs, read_metrics  # noqa: E402
 
 PARITY_PAGE = os.path.join(ROOT, "docs", "parity.md")
@@ -127,10 +127,7 @@ def finished_records(output_dir, epoch_size, expected_cfg=None):
         return None
     config_path = os.path.join(output_dir, "config.yaml")
     if expected_cfg is not None and os.path.isfile(config_path):
-        import yaml
-
-        with open(config_path, encoding="utf-8") as f:
-            found = yaml.safe_load(f)
+        found = read_recipe(config_path)  # numbers read as train.py reads them
         differ = [f"{k}: {found.get(k)!r} there, {expected_cfg[k]!r} here" for k in RECIPE_KEYS
                   if found.get(k) != expected_cfg[k]]
         if differ:

@@ -71,11 +71,14 @@ def test_eval_logits_equal_at_224():
     net.set_train(False)
     with torch.no_grad():
         ref = tnet(torch.from_numpy(images)).numpy()
+        floor = max_rel_diff(tnet.to(memory_format=torch.channels_last)(
+            torch.from_numpy(images).contiguous(memory_format=torch.channels_last)).numpy(), ref)
     ours = net(ms.Tensor(images)).asnumpy()
     diff = max_rel_diff(ours, ref)
     print(f"\n[align] eval logits resnet50 224px, 4 ImageNet images: max |diff| / max |logit| "
-          f"= {diff:.2e} (logit scale {np.abs(ref).max():.3g})")
-    assert diff < 1e-4
+          f"= {diff:.2e} (logit scale {np.abs(ref).max():.3g}; torch channels_last vs torch "
+          f"{floor:.2e})")
+    assert diff <= max(1e-4, 2 * floor)  # 1e-4, or torch's own spread on this CPU
     np.testing.assert_array_equal(ours.argmax(1), ref.argmax(1))
 
 
@@ -185,21 +188,27 @@ def step_against_torch(step_batch, pair, train):
                 "update": global_rel_l2(updates["ours"], updates["torch"], keys),
                 "update_floor": global_rel_l2(updates["floor"], updates["torch"], keys),
                 "stats": max(max_rel_diff(state[k], t_state[k]) for k in stats),
-                "grad_exact": None, "torch_grad_exact": None, "update_exact": None}
+                "grad_exact": None, "torch_grad_exact": None, "update_exact": None,
+                "torch_update_exact": None}
     if not train:
         _, e_grads, e_state = torch_steps(copy.deepcopy(tnet).double(),
                                           images.astype(np.float64), labels, 0.1, train=train)
         exact = {k: e_state[k] - initial[k] for k in keys}
+        # torch's own float32 error on this machine: the worse of its two layouts' kernels
         measured.update(grad_exact=global_rel_l2(grads[0], e_grads[0], keys),
-                        torch_grad_exact=global_rel_l2(t_grads[0], e_grads[0], keys),
-                        update_exact=global_rel_l2(updates["ours"], exact, keys))
+                        torch_grad_exact=max(global_rel_l2(g[0], e_grads[0], keys)
+                                             for g in (t_grads, f_grads)),
+                        update_exact=global_rel_l2(updates["ours"], exact, keys),
+                        torch_update_exact=max(global_rel_l2(updates[k], exact, keys)
+                                               for k in ("torch", "floor")))
     return measured
 
 
 def report(title, r):
     exact = "" if r["grad_exact"] is None else (
         f"; against torch in float64: gradients ours {r['grad_exact']:.2e}, torch "
-        f"{r['torch_grad_exact']:.2e}, updates ours {r['update_exact']:.2e}")
+        f"{r['torch_grad_exact']:.2e}, updates ours {r['update_exact']:.2e}, torch "
+        f"{r['torch_update_exact']:.2e}")
     print(f"\n[align] {title}: loss {r['loss']:.7f} vs torch {r['t_loss']:.7f}; {r['n']} gradients"
           f" rel L2 {r['grad']:.2e} (torch channels_last vs torch {r['grad_floor']:.2e}), "
           f"per-tensor worst/median {r['grad_worst'][0]:.2e}/{r['grad_worst'][1]:.2e} (torch "
@@ -212,15 +221,18 @@ def report(title, r):
 def test_frozen_bn_step_equals_torch(step_batch, resnet50_pair):
     """BatchNorm on its running statistics (random, away from 0/1), as when fine-tuning with
     frozen BN: no batch coupling, so gradients and updates must agree to float32 rounding
-    with the same step computed by torch in float64. (torch's own float32 kernels need not:
-    on an Intel AVX-512 CPU with oneDNN capped at AVX2, torch's NCHW gradients differ from its
-    float64 ones by 4.7e-4 while ours and its channels_last ones differ by 2e-6 and 1e-6.)"""
+    with the same step computed by torch in float64 as torch's own float32 kernels do on the
+    same machine (1e-4, or twice the worse of its NCHW and channels_last errors). Those vary by
+    CPU: with oneDNN capped at AVX2, torch's NCHW gradients are 4.7e-4 from float64 on an Intel
+    AVX-512 CPU (ours 2e-6), and ours and torch's both 4.7e-4 on AMD Zen 4 and Zen 5."""
     r = step_against_torch(step_batch, resnet50_pair, train=False)
     report("resnet50 one SGD step, frozen BN, 64px batch 8", r)
     assert r["n"] == 161
     assert r["loss"] == pytest.approx(r["t_loss"], rel=1e-6)
-    assert r["grad_exact"] < 1e-4 and r["grad"] <= 2 * r["grad_floor"] + 1e-6
-    assert r["update_exact"] < 1e-4 and r["update"] <= 2 * r["update_floor"] + 1e-6
+    assert r["grad_exact"] <= max(1e-4, 2 * r["torch_grad_exact"])
+    assert r["grad"] <= 2 * r["grad_floor"] + 1e-6
+    assert r["update_exact"] <= max(1e-4, 2 * r["torch_update_exact"])
+    assert r["update"] <= 2 * r["update_floor"] + 1e-6
 
 
 @pytest.mark.slow
@@ -445,6 +457,8 @@ def test_training_loss_curves_agree_on_cifar():
           f" torch {np.round(ref, 5)}; |diff| per step {np.array2string(ours_diff, precision=1)}"
           f" (torch channels_last vs torch: max {floor:.2e})")
     # Before rounding compounds: the first loss (same weights) and the second (after one
-    # step) agree tightly. Later steps drift chaotically in torch too: bound by its own drift.
-    assert ours_diff[0] < 1e-5 and ours_diff[1] < 1e-4
+    # step) agree tightly (or as torch's layouts do on this CPU). Later steps drift
+    # chaotically in torch too: bound by its own drift.
+    drift = np.abs(np.array(curves["torch_cl"]) - ref)
+    assert ours_diff[0] <= max(1e-5, 3 * drift[0]) and ours_diff[1] <= max(1e-4, 3 * drift[1])
     assert ours_diff.max() <= max(3 * floor, 1e-3)

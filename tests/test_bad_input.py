@@ -101,6 +101,18 @@ def test_corrupt_and_truncated_jpegs_are_named_before_training(folder):
     assert "corrupt.jpg" in message and "truncated.jpg" in message
 
 
+def test_a_jpeg_cut_in_its_headers_is_named_with_the_check_off(folder):
+    """The 443-byte cut of a CIFAR JPEG (inside its Huffman tables): MindSpore's decoder stopped
+    the process with SIGFPE (exit 136, no message); the headers are read with the check off."""
+    with open(os.path.join(SAMPLE, "cat", "0000.jpg"), "rb") as f:
+        head = f.read(443)
+    with open(os.path.join(folder, "cat", "cut.jpg"), "wb") as f:
+        f.write(head)
+    message = train_error(folder, "--check_images", "false", "--epoch_size", "1", fresh=True)
+    assert "cannot decode JPEG files whose headers are cut short" in message
+    assert "last good one is the run's newest" in message and "cut.jpg" in message
+
+
 @pytest.mark.slow
 def test_corrupt_file_with_the_check_off_is_still_named(folder, capfd):
     """In-process (train.py's fresh case is the one above); what the pipeline's C++ code

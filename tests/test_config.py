@@ -62,7 +62,8 @@ def test_unknown_flag_is_named(capsys):
 
 @pytest.mark.parametrize("key,value", [("batch_size", "large"), ("batch_size", "3.5"),
                                        ("base_lr", "fast"), ("run_eval", "maybe"),
-                                       ("all_reduce_fusion_config", "a,b")])
+                                       ("all_reduce_fusion_config", "a,b"),
+                                       ("lr_decay_epochs", "[30"), ("lr_decay_epochs", "1:20")])
 def test_wrong_type_on_command_line_is_named(key, value):
     with pytest.raises(ConfigError, match=f"'{key}' expects"):
         parse_config([f"--{key}", value])
@@ -215,3 +216,66 @@ def test_trainable_layers_limit_is_the_networks_stage_count():
     from src.models.freeze import MAX_TRAINABLE_LAYERS as stages
     from src.utils.limits import MAX_TRAINABLE_LAYERS
     assert MAX_TRAINABLE_LAYERS == stages
+
+
+# ---- numbers in YAML files read as on the command line (YAML 1.2, not PyYAML's 1.1) ----
+
+@pytest.mark.parametrize("text, flag, key, value", [
+    ("epoch_size: 010\n", "010", "epoch_size", 10),  # YAML 1.1: octal 8
+    ("lr_decay_epochs: [010, 020]\n", "010,020", "lr_decay_epochs", [10, 20]),
+    ("base_lr: -.5e1\n", "-.5e1", "lr_end", None),  # a 1.2 float, not a string
+    ("weight_decay: 1e-4\n", "1e-4", "weight_decay", 1e-4)])
+def test_yaml_numbers_read_as_the_command_line_reads_them(tmp_path, text, flag, key, value):
+    if value is None:  # a negative base_lr: the same refusal from the file and the flag
+        with pytest.raises(ConfigError, match="base_lr must be positive, got -5.0"):
+            parse_config(["--config_path", write(tmp_path, text)])
+        return
+    from_file = parse_config(["--config_path", write(tmp_path, text)])[key]
+    assert from_file == parse_config([f"--{key}", flag])[key] == value
+
+
+@pytest.mark.parametrize("text", ["seed: 1:20\n", "seed: 0x10\n", "seed: 0o17\n", "seed: 0b11\n"])
+def test_yaml_11_only_integers_are_refused_naming_file_key_and_value(tmp_path, text):
+    # YAML 1.1 reads 1:20 as 80 (base 60), 0x10 as 16; the command line refuses each
+    shown = text.split(": ")[1].strip()
+    with pytest.raises(ConfigError, match=f"recipe.yaml: key 'seed' expects an integer, "
+                                          f"got '{shown}'"):
+        parse_config(["--config_path", write(tmp_path, text)])
+    with pytest.raises(ConfigError, match="command line: key 'seed' expects an integer"):
+        parse_config(["--seed", shown])
+    if shown == "1:20":  # one case in a process: one line, exit status 2
+        result = run_entry("train.py", "--config_path", write(tmp_path, text), timeout=120)
+        assert result.returncode == 2 and "key 'seed' expects an integer" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_a_runs_written_config_reads_back_as_written(tmp_path):
+    # strings that look like numbers in either YAML version are quoted in output_dir/config.yaml
+    cfg = parse_config(["--file_name", "1e5", "--output_dir", "010", "--split_file", "1:20"])
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    again = parse_config(["--config_path", str(path)])
+    assert {k: again[k] for k in cfg if k != "config_path"} == {
+        k: cfg[k] for k in cfg if k != "config_path"}
+
+
+def test_a_float_list_item_beyond_float32_is_named():
+    # the [0, 1] check of train_crop_scale would refuse it too, in other words
+    with pytest.raises(ConfigError, match=r"train_crop_scale must hold numbers of at most "
+                                          r"3\.40\d+e\+38 in magnitude \(float32\)"):
+        parse_config(["--train_crop_scale", "0.08,1e39"])
+
+
+@pytest.mark.parametrize("text, count", [
+    ("epoch_size: 3\n---\nepoch_size: text\n", 2),  # strings like help texts, no choices
+    ("epoch_size: 3\n---\nepoch_size: text\n---\nepoch_size: 4\n", 3),  # choices not lists
+    ("epoch_size: 3\n---\nepoch_size: 4\n---\nepoch_size: [4]\n", 3)])  # help not strings
+def test_documents_not_in_the_schema_layout_are_refused(tmp_path, text, count):
+    with pytest.raises(ConfigError, match=f"recipe.yaml holds {count} YAML documents"):
+        parse_config(["--config_path", write(tmp_path, text)])
+
+
+def test_a_schema_without_three_documents_is_named(tmp_path):
+    path = write(tmp_path, "epoch_size: 3\n---\nepoch_size: help\n")
+    with pytest.raises(ConfigError, match="expected 3 YAML documents .* found 2"):
+        load_schema(path)

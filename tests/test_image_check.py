@@ -5,6 +5,7 @@ import os
 import pytest
 from PIL import Image
 
+from src.data import image_check
 from src.data.image_check import ImageFolderError, check_image_folder
 from src.utils.errors import MissingFileError, UserError
 from tests.helpers import ROOT, copy_class_folders
@@ -157,3 +158,60 @@ def test_images_the_decoder_rejects_are_named_even_when_their_tail_looks_complet
         assert path in message
     for path in (tiff, ppm, os.path.join(cat, "thumbnail.jpg")):
         assert path not in message
+
+
+def jpeg_variant(folder, name, size=None, patch=None):
+    """A copy of the sample JPEG cat/0000.jpg as cat/NAME: its first ``size`` bytes, or with
+    ``patch`` (offset from its frame marker -> byte) applied; returns (path, frame offset)."""
+    with open(os.path.join(SAMPLE, "cat", "0000.jpg"), "rb") as f:
+        data = bytearray(f.read())
+    frame = data.index(b"\xff\xc0")
+    for offset, byte in (patch or {}).items():
+        data[frame + offset] = byte
+    path = os.path.join(folder, "cat", name)
+    with open(path, "wb") as f:
+        f.write(bytes(data[:size]))
+    return path, frame
+
+
+@pytest.mark.parametrize("cut", ["frame", "tables", "scan_header"])
+def test_a_jpeg_cut_before_its_scan_is_named_with_the_check_off(folder, cut):
+    """MindSpore's decoder stops the process with SIGFPE on a JPEG cut in its frame or tables
+    (the 443-byte cut of this file is one); ``check_images false`` still reads the headers."""
+    with open(os.path.join(SAMPLE, "cat", "0000.jpg"), "rb") as f:
+        data = f.read()
+    ends = {"frame": data.index(b"\xff\xc0") + 6, "tables": data.rindex(b"\xff\xc4") + 17,
+            "scan_header": data.index(b"\xff\xda") + 6}
+    path, _ = jpeg_variant(folder, "cut.jpg", size=ends[cut])
+    with pytest.raises(ImageFolderError, match="cannot decode JPEG files whose headers are cut "
+                                               "short .* the last good one is the run's newest, "
+                                               "if any: remove or replace them: " + path):
+        check_image_folder(folder, check_content=False)
+
+
+def test_the_check_off_reads_only_jpeg_headers(folder):
+    """A JPEG cut inside its scan data and a cut PNG pass (the decoder names them itself, with
+    the last good checkpoint); the full check names both."""
+    with open(os.path.join(SAMPLE, "cat", "0000.jpg"), "rb") as f:
+        data = f.read()
+    jpeg_variant(folder, "cut_in_scan.jpg", size=data.index(b"\xff\xda") + 40)
+    png = save_as(os.path.join(folder, "cat", "0000.jpg"), os.path.join(folder, "dog", "cut.png"))
+    truncate(png)
+    assert check_image_folder(folder, check_content=False) == ["cat", "dog"]
+    with pytest.raises(ImageFolderError, match="corrupt or truncated image files.*cut"):
+        check_image_folder(folder)
+
+
+@pytest.mark.parametrize("check_content", [True, False])
+@pytest.mark.parametrize("patch", [{1: 0xC3}, {1: 0xC9}, {9: 2}],
+                         ids=["lossless_sof3", "arithmetic_sof9", "two_components"])
+def test_uncommon_frames_and_component_counts_go_to_the_decode_check(folder, monkeypatch,
+                                                                    check_content, patch):
+    """Headers that parse but of a frame kind not every libjpeg reads, or a component count
+    other than 1, 3, 4: only a decode tells; the intact files are not decoded."""
+    path, _ = jpeg_variant(folder, "odd.jpg", patch=patch)
+    decoded = []
+    monkeypatch.setattr(image_check, "decodes", lambda p: decoded.append(p) or False)
+    with pytest.raises(ImageFolderError, match="odd.jpg"):
+        check_image_folder(folder, check_content=check_content)
+    assert decoded == [path]

@@ -66,7 +66,9 @@ it reads, grouped by the sections below, with meaning and default; the other key
 
 An unknown key, a value of the wrong type or out of range (checked in one place, `check_values` in
 [`src/utils/config.py`](../src/utils/config.py)), in a file or on the command line, stops with an
-error that names it (`1e-4` in YAML is accepted for a float key). Every integer is at most
+error that names it (`1e-4` in YAML is accepted for a float key). Numbers in YAML files are read
+as on the command line, as YAML 1.2 reads them: `010` is 10 (not YAML 1.1's octal 8); `1:20`
+(1.1's base 60) and `0x10` are refused for an integer key. Every integer is at most
 {INT32_MAX} and every number at most {FLOAT32_TXT} in magnitude (MindSpore's int32 and float32); the
 "accepts" column gives the keys bounded lower.
 

@@ -156,34 +156,47 @@ def jpeg_headers(path: str) -> tuple[int, int, int, int, int] | None:
     Raises:
         OSError: If the file cannot be read (permission).
     """
-    size = os.path.getsize(path)
-    frame = None
     with open(path, "rb") as f:
-        if f.read(2) != JPEG_SIGNATURE[:2]:
+        return _parse_headers(f, os.path.getsize(path))
+
+
+def _parse_headers(f, size):
+    """``jpeg_headers`` of the open file ``f`` of ``size`` bytes, read from its start."""
+    frame = None
+    if f.read(2) != JPEG_SIGNATURE[:2]:
+        return None
+    while True:
+        byte = f.read(1)
+        if byte != b"\xff":
             return None
-        while True:
-            byte = f.read(1)
-            if byte != b"\xff":
-                return None
+        marker = f.read(1)
+        while marker == b"\xff":  # fill bytes before a marker
             marker = f.read(1)
-            while marker == b"\xff":  # fill bytes before a marker
-                marker = f.read(1)
-            if not marker:
-                return None
-            code = marker[0]
-            if code in _NO_LENGTH:
-                continue
-            length = int.from_bytes(f.read(2), "big")
-            start = f.tell()
-            if length < 2 or start + length - 2 > size:
-                return None
-            if code in _FRAME_MARKERS and length >= 8:
-                header = f.read(6)
-                frame = (code, int.from_bytes(header[1:3], "big"),
-                         int.from_bytes(header[3:5], "big"), header[5])
-            if code == 0xDA:  # start of scan: the entropy-coded data follows
-                return None if frame is None else (*frame, start + length - 2)
-            f.seek(start + length - 2)
+        if not marker:
+            return None
+        code = marker[0]
+        if code in _NO_LENGTH:
+            continue
+        length = int.from_bytes(f.read(2), "big")
+        start = f.tell()
+        if length < 2 or start + length - 2 > size:
+            return None
+        if code in _FRAME_MARKERS and length >= 8:
+            header = f.read(6)
+            frame = (code, int.from_bytes(header[1:3], "big"),
+                     int.from_bytes(header[3:5], "big"), header[5])
+        if code == 0xDA:  # start of scan: the entropy-coded data follows
+            return None if frame is None else (*frame, start + length - 2)
+        f.seek(start + length - 2)
+
+
+def _common_frame(headers):
+    """Whether ``jpeg_headers`` found a ``COMMON_FRAMES`` frame, >= 1 x 1, of 1, 3 or 4
+    components."""
+    if headers is None:
+        return False
+    code, height, width, components, _ = headers
+    return code in COMMON_FRAMES and height > 0 and width > 0 and components in (1, 3, 4)
 
 
 def jpeg_looks_complete(path: str) -> bool:
@@ -194,15 +207,30 @@ def jpeg_looks_complete(path: str) -> bool:
         OSError: If the file cannot be read (permission).
     """
     headers = jpeg_headers(path)
-    if headers is None:
+    if not _common_frame(headers):
         return False
-    code, height, width, components, scan = headers
-    if code not in COMMON_FRAMES or not height or not width or components not in (1, 3, 4):
-        return False
-    start = max(scan, os.path.getsize(path) - TAIL_BYTES)
+    start = max(headers[4], os.path.getsize(path) - TAIL_BYTES)
     with open(path, "rb") as f:
         f.seek(start)
         return JPEG_END in f.read()
+
+
+def decoder_safe(path: str) -> bool:
+    """The check ``check_images false`` keeps: whether a file that starts as a JPEG has headers
+    of a common frame (``jpeg_headers``) or else ``decodes``. MindSpore's decoder stops the
+    process with SIGFPE on a JPEG cut before its scan; other files pass (it names those it
+    cannot read). See docs/data.md#image-checks.
+
+    Raises:
+        OSError: If the file cannot be read (permission).
+    """
+    with open(path, "rb") as f:
+        if f.read(2) != JPEG_SIGNATURE[:2]:
+            return True
+        f.seek(0)
+        if _common_frame(_parse_headers(f, os.path.getsize(path))):
+            return True
+    return decodes(path)
 
 
 # Pillow's names of the formats MindSpore's decoder (``mindspore.dataset.vision.Decode``, the
@@ -237,17 +265,19 @@ def listing_text(text: str, paths: list[str]) -> str:
     return f"{text}: {shown}{more}"
 
 
-def broken_images(paths: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Of ``paths``: the unreadable (``"path (reason)"``), the oversized (``"path (W x H)"``)
-    and those failing ``is_intact``; progress shown above ``PROGRESS_MIN_FILES`` files."""
+def broken_images(paths: list[str], full: bool = True) -> tuple[list[str], list[str], list[str]]:
+    """Of ``paths``: the unreadable (``"path (reason)"``), the oversized (``"path (W x H)"``;
+    only if ``full``) and those failing ``is_intact`` (``decoder_safe`` unless ``full``);
+    progress shown above ``PROGRESS_MIN_FILES`` files."""
     unreadable, large, broken = [], [], []
+    intact = is_intact if full else decoder_safe
     with Progress(len(paths), "image check", quiet=len(paths) <= PROGRESS_MIN_FILES) as progress:
         for path in paths:
             try:
-                size = oversized(path)
+                size = oversized(path) if full else None
                 if size:
                     large.append(f"{path} ({size})")
-                elif not is_intact(path):
+                elif not intact(path):
                     broken.append(path)
             except OSError as err:
                 unreadable.append(f"{path} ({err.strerror or err})")
@@ -258,8 +288,9 @@ def broken_images(paths: list[str]) -> tuple[list[str], list[str], list[str]]:
 def check_image_folder(data_path: str, check_content: bool = True) -> list[str]:
     """Check a class-folder root once per process; return its class names (sorted folders).
 
-    Non-image files and sub-folders of class folders are skipped with one warning each;
-    ``check_content`` also checks every image's bytes (``broken_images``).
+    Non-image files and sub-folders of class folders are skipped with one warning each; every
+    JPEG's headers are checked (``decoder_safe``), and with ``check_content`` every image's
+    bytes (``broken_images``).
 
     Raises:
         MissingFileError: If ``data_path`` is missing or holds no class folders.
@@ -299,7 +330,7 @@ def check_image_folder(data_path: str, check_content: bool = True) -> list[str]:
     if metadata:
         raise ImageFolderError(listing_text(f"macOS metadata files would be read as images; remove "
                                         f"them (find {data_path} -name '._*' -delete)", metadata))
-    unreadable, large, broken = broken_images(real) if check_content else ([], [], [])
+    unreadable, large, broken = broken_images(real, full=check_content)
     if unreadable:
         raise ImageFolderError(listing_text("image files that cannot be read (give the run's user "
                                         "read access, or remove them)", unreadable))
@@ -308,6 +339,12 @@ def check_image_folder(data_path: str, check_content: bool = True) -> list[str]:
                                         f"{Image.MAX_IMAGE_PIXELS} (Pillow's decompression-bomb "
                                         f"limit by default): raise the key to read them",
                                         large))
+    if broken and not check_content:
+        raise ImageFolderError(listing_text("cannot decode JPEG files whose headers are cut short "
+                                            "or corrupt (check_images false checks only JPEG "
+                                            "headers); found before training, so no checkpoint "
+                                            "was written and the last good one is the run's "
+                                            "newest, if any: remove or replace them", broken))
     if broken:
         raise ImageFolderError(listing_text(f"corrupt or truncated image files, or of a format "
                                             f"the decoder does not read (it reads "

@@ -95,7 +95,8 @@ class Config(dict):
 
     def to_yaml(self) -> str:
         """Return the config as YAML text, keys in schema order."""
-        return yaml.safe_dump(dict(self), sort_keys=False, default_flow_style=None)
+        return yaml.dump(dict(self), Dumper=_ConfigDumper, sort_keys=False,
+                         default_flow_style=None)
 
     def user_value(self, key: str) -> ConfigValue | None:
         """The value of ``key`` if the user set it (``user_keys``), else None."""
@@ -135,12 +136,28 @@ def load_schema(path: str = DEFAULT_CONFIG) -> tuple[dict[str, ConfigValue], dic
     return defaults, helps, choices
 
 
-class _DuplicateKey(Exception):
+class _DuplicateKey(ValueError):
     """A mapping of a YAML file gives a key twice: (key, first line, second line)."""
 
 
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+YAML12_INT = re.compile(r"^[-+]?[0-9]+$")
+YAML12_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+"""YAML 1.2 core-schema numbers (decimal only; ``0x``/``0o`` forms stay text, as on the command
+line). See docs/configuration.md#setting-values."""
+
+
+def _without_number_resolvers(resolvers):
+    return {first: [(tag, regexp) for tag, regexp in pairs if tag not in (INT_TAG, FLOAT_TAG)]
+            for first, pairs in resolvers.items()}
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader refusing a key given twice in a mapping (merge keys excepted)."""
+    """PyYAML's safe loader reading numbers as YAML 1.2 does (``010`` is 10, ``1:20`` is text:
+    no octal or base 60) and refusing a key given twice in a mapping (merge keys excepted)."""
+
+    yaml_implicit_resolvers = _without_number_resolvers(yaml.SafeLoader.yaml_implicit_resolvers)
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
@@ -157,6 +174,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
                 lines[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
+
+    def construct_decimal_int(self, node: yaml.ScalarNode) -> int:
+        """An ``!!int`` scalar read in base 10, as ``int()`` reads a flag."""
+        text = self.construct_scalar(node)
+        if not YAML12_INT.match(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not a decimal integer", node.start_mark)
+        return int(text, 10)
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper quoting every string either YAML 1.1 or 1.2 reads as a number."""
+
+
+for _cls in (_UniqueKeyLoader, _ConfigDumper):
+    _cls.add_implicit_resolver(INT_TAG, YAML12_INT, list("-+0123456789"))
+    _cls.add_implicit_resolver(FLOAT_TAG, YAML12_FLOAT, list("-+0123456789."))
+_UniqueKeyLoader.add_constructor(INT_TAG, _UniqueKeyLoader.construct_decimal_int)
 
 
 def _read_yaml_documents(path, starts=None):
@@ -233,7 +268,7 @@ def coerce(key: str, value: object, default: ConfigValue, source: str) -> Config
             value = _coerce_list(value, default)
         elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise TypeError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):
         raise ConfigError(f"{source}: key {key!r} expects {_type_name(default)}, "
                           f"got {value!r}") from None
     return value
@@ -250,7 +285,8 @@ def _parse_string(text, default):
     if isinstance(default, float):
         return float(text)
     if isinstance(default, list):
-        return yaml.safe_load(text if text.strip().startswith("[") else f"[{text}]")
+        return yaml.load(text if text.strip().startswith("[") else f"[{text}]",
+                         Loader=_UniqueKeyLoader)
     raise TypeError(text)
 
 
