@@ -258,7 +258,8 @@ def make_trainable(cfg, net, trainable_layers, freeze_bn, device_num, log):
     ``all_reduce_fusion_config`` is for the configured ``trainable_layers``, not for LP-FT's
     probe (which gets the derived split)."""
     fusion = cfg.all_reduce_fusion_config if trainable_layers == cfg.trainable_layers else []
-    set_trainable(net, trainable_layers, freeze_bn, log, device_num, fusion, cfg.net_name)
+    set_trainable(net, trainable_layers=trainable_layers, freeze_bn=freeze_bn, log=log,
+                  device_num=device_num, fusion_config=fusion, net_name=cfg.net_name)
 
 
 class FineTuning:

@@ -6,7 +6,8 @@ import pytest
 
 import export
 from src.deploy.exporting import SUFFIXES, export_model
-from src.models.resnet import MaxPoolPad1, create_network
+from src.models.resnet import create_network
+from src.models.stem_pool import MaxPoolPad1
 from src.utils.cli import run_entry_point
 
 ARGS = ["--config_path", "configs/resnet18_cifar10.yaml", "--batch_size", "2",
@@ -33,7 +34,7 @@ def exported(monkeypatch):
 @pytest.mark.parametrize("file_format,swapped", [("ONNX", True), ("AIR", True),
                                                  ("MINDIR", False)])
 def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swapped):
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     built = net.maxpool
     dummy = ms.Tensor(np.zeros((1, 3, 32, 32), np.float32))
     export_model(net, dummy, "unused", file_format)
@@ -45,7 +46,8 @@ def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swap
 def test_air_export_prints_the_deprecation_note(exported, monkeypatch, capsys, tmp_path):
     # Ascend stood in for: no device set up, a fresh network instead of a checkpoint
     monkeypatch.setattr(export, "setup_device", lambda *args, **kwargs: None)
-    monkeypatch.setattr(export, "load_network", lambda *args: create_network("resnet18", 10))
+    monkeypatch.setattr(export, "load_network",
+                        lambda *args: create_network("resnet18", class_num=10))
     with pytest.raises(SystemExit) as stop:
         run_entry_point(export.main, [*ARGS, "--device_target", "Ascend", "--file_format",
                                       "AIR", "--checkpoint_path", "unused.ckpt",

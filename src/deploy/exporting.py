@@ -25,7 +25,7 @@ Dynamic batch (``export.py --dynamic_batch true``), as measured with MindSpore 2
 """
 import mindspore as ms
 
-from src.models.resnet import use_exportable_max_pool
+from src.models.stem_pool import use_exportable_max_pool
 
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
 """File suffix per ``file_format``."""
@@ -53,7 +53,7 @@ def export_model(net, dummy, file_name, file_format, dynamic_batch=False):
     ``export(file_format='ONNX')``) with the graph's input named ``image`` and its output
     ``logits``. For ONNX and AIR (``EXPORTABLE_POOL_FORMATS``), and for a dynamic-batch MINDIR,
     ``net`` first gets the exportable form of its stem max pool (in place, same output:
-    ``src.models.resnet.use_exportable_max_pool``: zero padding + valid pool for
+    ``src.models.stem_pool.use_exportable_max_pool``: zero padding + valid pool for
     ``stem_pool_pad_mode pad``; MindCV's ``same`` pool is kept).
 
     Args:

@@ -54,7 +54,7 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
             folder or file: ``src.utils.hub``).
         use_ema (bool): Load the EMA weights when the checkpoint holds them.
         device_target (str, optional): Picks the stem max-pool form for that device
-            (``src.models.resnet.STEM_MAX_POOLS``); None: the built form (for ``pad``
+            (``src.models.stem_pool.STEM_MAX_POOLS``); None: the built form (for ``pad``
             torch's).
         stem_pool_pad_mode (str): ``pad`` or ``same`` (MindCV's stem pool): the one the
             checkpoint was trained with (MindCV's checkpoints: ``same``).
@@ -69,7 +69,7 @@ def load_network(net_name, class_num, checkpoint_path, use_ema=True, device_targ
     """
     if not checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
-    net = create_network(net_name, class_num, device_target=device_target,
+    net = create_network(net_name, class_num=class_num, device_target=device_target,
                          stem_pool_pad_mode=stem_pool_pad_mode)
     _, ema = load_into_network(net, checkpoint_path, use_ema=use_ema)
     LOGGER.info("%s: %s", checkpoint_path, "its EMA weights (use_ema true)" if ema else
