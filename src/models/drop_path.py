@@ -13,6 +13,7 @@ HASH_MODULUS = 2 ** 31 - 1  # the Mersenne prime of Park and Miller's "minimal s
 # Bijections modulo the prime, each meeting Schrage's condition HASH_MODULUS % a < HASH_MODULUS // a
 HASH_MULTIPLIERS = (48271, 69621, 16807, 39373)
 HASH_START = 0x2545F491  # any nonzero 31-bit value: an all-zero key does not hash to 0
+HashInt = int | np.ndarray | Tensor  # what hash_mix takes and gives
 
 
 def drop_path_rates(drop_path_rate: float, num_blocks: int) -> list[float]:
@@ -27,7 +28,7 @@ def _mulmod(h, a):
     return (a * (h % q) - r * (h // q)) % HASH_MODULUS
 
 
-def hash_mix(h, value):
+def hash_mix(h: HashInt, value: HashInt) -> HashInt:
     """Fold ``value`` into the hash ``h``: non-negative integers below 2**31 (Python ints, numpy
     or MindSpore int32 arrays, broadcast); the result is one too, the same bits on every
     backend (docs/network.md#the-hash)."""
