@@ -114,7 +114,8 @@ def run_worker(args):
     cfg = parse_config(["--net_name", args.net_name, "--class_num", str(args.class_num),
                         "--batch_size", str(batch_size), "--grad_accumulation_steps", str(k),
                         "--device_target", "CPU"])
-    net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
+    net = create_network(cfg.net_name, class_num=cfg.class_num,
+                         zero_init_residual=cfg.zero_init_residual)
     step = training_model(cfg, net, 0.1, "O0")[0].train_network
     step.set_train(True)
     rng = np.random.default_rng(0)

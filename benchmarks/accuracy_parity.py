@@ -103,7 +103,8 @@ def make_initial_weights(cfg, seed, ckpt_path, pth_path):
         from src.models.resnet import create_network
 
         ms.set_seed(seed)
-        net = create_network(cfg.net_name, cfg.class_num, cfg.zero_init_residual)
+        net = create_network(cfg.net_name, class_num=cfg.class_num,
+                             zero_init_residual=cfg.zero_init_residual)
         ms.save_checkpoint(net, ckpt_path + ".partial.ckpt")
         os.replace(ckpt_path + ".partial.ckpt", ckpt_path)
     if not os.path.isfile(pth_path):

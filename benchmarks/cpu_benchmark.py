@@ -122,7 +122,7 @@ def ms_model(args):
     from src.recipe import training_model
     from src.utils.config import parse_config
     cfg = parse_config(["--net_name", args.net_name, "--class_num", str(args.class_num)])
-    net = create_network(args.net_name, args.class_num)
+    net = create_network(args.net_name, class_num=args.class_num)
     return training_model(cfg, net, 0.1, "O0")[0]
 
 
@@ -244,7 +244,7 @@ def prepare(args):
     dummy = ms.Tensor(random_batch(args)[0])
     ckpt = os.path.join(args.artifacts, "net.ckpt")
     for name in ("net_unfolded", "net"):  # a fresh network each: no graph cached across
-        net = create_network(args.net_name, args.class_num)
+        net = create_network(args.net_name, class_num=args.class_num)
         if name == "net_unfolded":
             ms.save_checkpoint(net, ckpt)
         else:

@@ -68,7 +68,7 @@ def infer_step(bench_args):
     """Forward pass of a new network (random weights) in graph mode, as eval.py runs it."""
     ms = cpu_benchmark.ms_setup()
     from src.models.resnet import create_network
-    net = create_network(bench_args.net_name, bench_args.class_num)
+    net = create_network(bench_args.net_name, class_num=bench_args.class_num)
     net.set_train(False)
     images = ms.Tensor(cpu_benchmark.random_batch(bench_args)[0])
     return lambda: net(images).asnumpy()

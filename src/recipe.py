@@ -229,7 +229,8 @@ def make_trainable(cfg: Config, *, net: nn.Cell, trainable_layers: int, freeze_b
     """``set_trainable`` with the config's all-reduce fusion (LP-FT's probe gets the derived
     split, not ``all_reduce_fusion_config``)."""
     fusion = cfg.all_reduce_fusion_config if trainable_layers == cfg.trainable_layers else []
-    set_trainable(net, trainable_layers, freeze_bn, log, device_num, fusion, cfg.net_name)
+    set_trainable(net, trainable_layers=trainable_layers, freeze_bn=freeze_bn, log=log,
+                  device_num=device_num, fusion_config=fusion, net_name=cfg.net_name)
 
 
 class FineTuning:

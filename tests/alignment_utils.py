@@ -31,7 +31,7 @@ def reference_pair(net_name, class_num, seed=0, calibrate_on=None):
     if calibrate_on is not None:
         calibrate_bn(tnet, calibrate_on)
     with no_init_parameters():
-        net = create_network(net_name, class_num)
+        net = create_network(net_name, class_num=class_num)
     load_torch_weights(net, tnet)
     return tnet, net
 

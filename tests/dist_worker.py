@@ -78,7 +78,7 @@ def real_batches(data_path, steps, global_batch):
 def frozen_bn_resnet18():
     """ResNet-18 (10 classes) with BatchNorm on its moving statistics: no per-rank state."""
     ms.set_seed(1)  # same initial weights on every rank
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     for _, cell in net.cells_and_names():
         if isinstance(cell, ms.nn.BatchNorm2d):
             cell.use_batch_statistics = False

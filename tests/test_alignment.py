@@ -428,7 +428,7 @@ def test_training_loss_curves_agree_on_cifar():
     images, labels = cifar_batches(batch, steps)
     torch.manual_seed(7)
     tnet = torch_resnet("resnet18", 10)
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     load_torch_weights(net, tnet)
     t_nets = {"torch": copy.deepcopy(tnet).train(),
               "torch_cl": copy.deepcopy(tnet).to(memory_format=torch.channels_last).train()}

@@ -150,7 +150,7 @@ def test_png_cmyk_greyscale_decode_and_gif_is_skipped(folder):
 @pytest.fixture(scope="module")
 def r18_1000(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt") / "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 1000), path)
+    ms.save_checkpoint(create_network("resnet18", class_num=1000), path)
     return path
 
 

@@ -50,7 +50,7 @@ def r18_2():
     folder = tempfile.mkdtemp(prefix="bad_input_ckpt_")
     os.chmod(folder, 0o755)
     path = os.path.join(folder, "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 2), path)
+    ms.save_checkpoint(create_network("resnet18", class_num=2), path)
     os.chmod(path, 0o644)
     yield path
     shutil.rmtree(folder, ignore_errors=True)

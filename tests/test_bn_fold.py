@@ -30,7 +30,7 @@ def test_folded_network_gives_the_same_logits(net_name):
         reference = tnet(torch.from_numpy(images)).numpy()
 
     with no_init_parameters():  # a fresh cell (no compiled graph reused), every weight loaded
-        net = create_network(net_name, 1000)
+        net = create_network(net_name, class_num=1000)
     load_torch_weights(net, tnet)
     assert fold_batchnorm(net) == BN_COUNT[net_name]
     assert not [name for name, cell in net.cells_and_names() if isinstance(cell, nn.BatchNorm2d)]

@@ -191,7 +191,7 @@ def test_last_feature_map_side_matches_the_network(image_size, side):
     import numpy as np
 
     from src.models.resnet import create_network, last_feature_map_side
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     stem = ms.nn.SequentialCell([net.conv1, net.bn1, net.relu, net.maxpool, net.layer1,
                                  net.layer2, net.layer3, net.layer4])
     stem.set_train(False)

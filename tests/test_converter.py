@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from src.models.resnet import NETWORKS, create_network
+from src.models.resnet import NETWORK_REGISTRY, create_network
 from src.utils.checkpoint import load_into_network
 from tests.helpers import CIFAR_SAMPLE, ROOT, run_in_process, slow_beyond, succeeded
 from tests.torch_resnet import torch_resnet
@@ -43,7 +43,7 @@ def run_tool_command(*args):
                           text=True, timeout=300, check=False)
 
 
-@pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34")))
+@pytest.mark.parametrize("name", slow_beyond(NETWORK_REGISTRY, ("resnet18", "resnet34")))
 def test_every_depth_maps_onto_our_network(name):
     """Names and shapes only: neither network's weights are initialized (torch's allocated
     uninitialized from the meta device, ours under ``no_init_parameters``)."""
@@ -54,7 +54,7 @@ def test_every_depth_maps_onto_our_network(name):
     state = tnet.to_empty(device="cpu").state_dict()
     arrays = torch_state_to_ms_arrays(state)
     with no_init_parameters():
-        ours = {p.name: tuple(p.shape) for p in create_network(name, 7).get_parameters()}
+        ours = {p.name: tuple(p.shape) for p in create_network(name, class_num=7).get_parameters()}
     assert {n: a.shape for n, a in arrays.items()} == ours
     bn_count = sum(k.endswith("num_batches_tracked") for k in state)
     assert len(arrays) == len(state) - bn_count
@@ -116,7 +116,7 @@ def test_converted_checkpoint_loads_into_our_network(r18_pth, tmp_path):
     pth, state = r18_pth
     ckpt = tmp_path / "r18.ckpt"
     assert run_tool(pth, ckpt).returncode == 0
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     assert load_into_network(net, str(ckpt)) == ([], False)
     np.testing.assert_array_equal(net.layer2[0].bn1.moving_variance.asnumpy(),
                                   state["layer2.0.bn1.running_var"].numpy())
@@ -136,7 +136,7 @@ def test_wrapped_and_dataparallel_files(r18_pth, tmp_path):
 
 @pytest.mark.slow
 def test_training_checkpoint_with_optimizer_state_converts_back(tmp_path):
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     path = str(tmp_path / "train.ckpt")
     extra = [{"name": "moments.fc.weight", "data": ms.Tensor(np.ones((10, 512), np.float32))},
              {"name": "learning_rate", "data": ms.Tensor(np.float32(0.1))}]
@@ -187,7 +187,7 @@ def trained_torch_net(ckpt):
     """
     params = ms.load_checkpoint(str(ckpt))
     state = {}
-    for param in create_network("resnet18", 10).get_parameters():
+    for param in create_network("resnet18", class_num=10).get_parameters():
         prefix, last = param.name.rsplit(".", 1)
         state[f"{prefix}.{TORCH_BN_NAMES.get(last, last)}"] = torch.from_numpy(
             params[param.name].asnumpy())

@@ -739,7 +739,7 @@ def test_the_default_fusion_split_is_chosen_for_the_network(net_name, split):
 
     from src.models.resnet import create_network
     from src.utils.device import apply_fusion_config
-    tensors = len(create_network(net_name, 10).trainable_params())
+    tensors = len(create_network(net_name, class_num=10).trainable_params())
     try:
         assert apply_fusion_config([], tensors, net_name) == split
         assert ms.get_auto_parallel_context("all_reduce_fusion_config") == split

@@ -15,20 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from src.models.freeze import freeze_batchnorm
-from src.models.resnet import (
+from src.models.drop_path import (
     HASH_MODULUS,
     HASH_MULTIPLIERS,
-    BasicBlock,
-    Bottleneck,
     DropPathScales,
-    ResNet,
-    batch_norm,
     block_key,
-    conv1x1,
-    create_network,
     hash_mix,
 )
+from src.models.freeze import freeze_batchnorm
+from src.models.resnet import BasicBlock, Bottleneck, ResNet, batch_norm, conv1x1, create_network
 from src.training.loss import CrossEntropySmooth
 from src.training.optimizer import create_optimizer
 from src.training.train_step import TrainStep
@@ -92,7 +87,7 @@ def our_block_rates(net):
                                             ("resnet18", 0.3), ("resnet50", 0.05),
                                             ("resnet50", 0.3)])
 def test_per_block_rates_are_timms(net_name, rate):
-    net = create_network(net_name, 10, drop_path_rate=rate)
+    net = create_network(net_name, class_num=10, drop_path_rate=rate)
     assert our_block_rates(net) == timm_block_rates(rate, BLOCKS[net_name])
     assert net.drop_path_scales.blocks == [i for i, r in enumerate(
         timm_block_rates(rate, BLOCKS[net_name])) if r is not None]
@@ -129,7 +124,8 @@ def block_pair(kind, seed=0):
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.5, 0.5)
     tblock.eval()
-    block = block_type(16, width, 2, nn.SequentialCell([conv1x1(16, 32, 2), batch_norm(32)]),
+    block = block_type(16, width, 2,
+                       downsample=nn.SequentialCell([conv1x1(16, 32, 2), batch_norm(32)]),
                        drop_path_index=1)
     state = tblock.state_dict()
     params = {ms_name: ms.Parameter(ms.Tensor(state[t_name].numpy()), name=ms_name)
@@ -215,8 +211,8 @@ def test_drop_frequency_is_the_rate_and_draws_are_independent():
 def same_weights(rate, net_name="resnet18", class_num=10):
     """Networks with and without stochastic depth holding the same weights."""
     ms.set_seed(1)
-    with_dp = create_network(net_name, class_num, drop_path_rate=rate)
-    plain = create_network(net_name, class_num)
+    with_dp = create_network(net_name, class_num=class_num, drop_path_rate=rate)
+    plain = create_network(net_name, class_num=class_num)
     params = {p.name: p for p in with_dp.get_parameters() if p.name != DROP_PATH_STEP}
     assert ms.load_param_into_net(plain, params, strict_load=True)[0] == []
     return with_dp, plain
@@ -224,7 +220,7 @@ def same_weights(rate, net_name="resnet18", class_num=10):
 
 def test_zero_rate_adds_nothing_and_inference_never_drops(graph_mode):
     with_dp, plain = same_weights(0.5)
-    zero = create_network("resnet18", 10, drop_path_rate=0.0)
+    zero = create_network("resnet18", class_num=10, drop_path_rate=0.0)
     assert [p.name for p in zero.get_parameters()] == [p.name for p in plain.get_parameters()]
     assert not hasattr(zero, "drop_path_scales") and not hasattr(zero, "drop_path_step")
     assert [p.name for p in with_dp.get_parameters()] == [DROP_PATH_STEP] + [
@@ -246,7 +242,7 @@ def test_training_cell_advances_the_counter_after_each_call(graph_mode):
     frozen and LR 0, so nothing else changes between calls). The network is a ResNet of one
     BasicBlock per stage (3 of its 4 blocks drop), its loss with counter n computed in
     PyNative mode: the two training cells are the compiled graphs under test."""
-    net = ResNet(BasicBlock, [1, 1, 1, 1], 10, drop_path_rate=0.9, drop_path_seed=4)
+    net = ResNet(BasicBlock, [1, 1, 1, 1], class_num=10, drop_path_rate=0.9, drop_path_seed=4)
     assert net.drop_path_blocks == [1, 2, 3]
     freeze_batchnorm(net)
     rng = np.random.default_rng(0)
@@ -284,7 +280,7 @@ def test_loading_weights_leaves_the_counter_alone(tmp_path):
     ms.save_checkpoint(with_dp, str(tmp_path / "dp.ckpt"))
     ms.save_checkpoint(plain, str(tmp_path / "plain.ckpt"))
     load_into_network(plain, str(tmp_path / "dp.ckpt"))
-    fresh = create_network("resnet18", 10, drop_path_rate=0.2)
+    fresh = create_network("resnet18", class_num=10, drop_path_rate=0.2)
     load_into_network(fresh, str(tmp_path / "plain.ckpt"))
     load_into_network(fresh, str(tmp_path / "dp.ckpt"))
     assert int(fresh.drop_path_step.asnumpy()) == 0
@@ -316,7 +312,7 @@ def test_training_step_with_drop_path_equals_torch(graph_mode):
     labels = rng.integers(0, 10, batch).astype(np.int32)
     torch.manual_seed(3)
     tnet = torch_resnet("resnet18", 10)
-    net = create_network("resnet18", 10, drop_path_rate=rate)
+    net = create_network("resnet18", class_num=10, drop_path_rate=rate)
     load_torch_weights(net, tnet)
     rates = timm_block_rates(rate, BLOCKS["resnet18"])
     blocks = [i for i, r in enumerate(rates) if r is not None]

@@ -38,7 +38,7 @@ def files(tmp_path_factory):
     shipped training images)."""
     folder = tmp_path_factory.mktemp("dynamic")
     ckpt = str(folder / "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 10), ckpt)
+    ms.save_checkpoint(create_network("resnet18", class_num=10), ckpt)
     args = [*COMMON, "--checkpoint_path", ckpt, "--batch_size", str(EXPORT_BATCH)]
     runs = {"fixed.onnx": ["--file_format", "ONNX"],
             "dynamic.onnx": ["--file_format", "ONNX", "--dynamic_batch", "true"],

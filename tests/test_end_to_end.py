@@ -240,7 +240,7 @@ def test_bad_config_stops_with_the_key_named(cifar_small, tmp_path):
 
 def test_predict_names_imagenet_classes_for_a_1000_class_model(tmp_path):
     ckpt = str(tmp_path / "r18_1000.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 1000), ckpt)
+    ms.save_checkpoint(create_network("resnet18", class_num=1000), ckpt)
     image = os.path.join(IMAGENET_SMALL, "n01440764", "n01440764_tench.JPEG")
     out = predictions(succeeded(run_in_process(
         "predict.py", "--net_name", "resnet18", "--checkpoint_path", ckpt, "--image_path", image,

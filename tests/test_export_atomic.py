@@ -18,7 +18,7 @@ COMMON = ["--config_path", "configs/quick_start.yaml", "--batch_size", "1"]
 @pytest.fixture(scope="module")
 def r18_ckpt(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt") / "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 10), path)
+    ms.save_checkpoint(create_network("resnet18", class_num=10), path)
     return path
 
 

@@ -7,7 +7,8 @@ import pytest
 import export
 from src.deploy import inference
 from src.deploy.formats import AIR_NOTE, FORMATS, SUFFIXES, export_model
-from src.models.resnet import MaxPoolPad1, create_network
+from src.models.resnet import create_network
+from src.models.stem_pool import MaxPoolPad1
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import load_schema
@@ -37,7 +38,7 @@ def exported(monkeypatch):
 @pytest.mark.parametrize("file_format,swapped", [("ONNX", True), ("AIR", True),
                                                  ("MINDIR", False)])
 def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swapped):
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     built = net.maxpool
     dummy = ms.Tensor(np.zeros((1, 3, 32, 32), np.float32))
     export_model(net, dummy, "unused", file_format)
@@ -50,7 +51,7 @@ def test_air_export_prints_the_deprecation_note(exported, monkeypatch, capsys, t
     # Ascend stood in for: no device set up, a fresh network instead of a checkpoint
     monkeypatch.setattr(device, "setup_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(inference, "load_network",
-                        lambda *args, **kwargs: create_network("resnet18", 10))
+                        lambda *args, **kwargs: create_network("resnet18", class_num=10))
     with pytest.raises(SystemExit) as stop:
         run_entry_point(export.main, [*ARGS, "--device_target", "Ascend", "--file_format",
                                       "AIR", "--checkpoint_path", "unused.ckpt",

@@ -94,7 +94,7 @@ def timm_layer_map(names):
 @pytest.mark.parametrize("net_name, layer_decay, head_lr_scale",
                          [("resnet18", 0.7, 1.0), ("resnet50", 0.85, 10.0)])
 def test_lr_of_each_group_is_timms_layer_decay(net_name, layer_decay, head_lr_scale):
-    net = create_network(net_name, 10)
+    net = create_network(net_name, class_num=10)
     set_trainable_layers(net, 3)  # frozen layers still count in the depth, as in timm
     lr = np.linspace(0.1, 0.01, 7).astype(np.float32)
     opt = create_optimizer(net, lr, weight_decay=1e-4, layer_decay=layer_decay,
@@ -193,7 +193,7 @@ def test_lp_ft_full_phase_starts_at_the_switch_step_s_lr():
                         "--linear_probe_epochs", "1", "--trainable_layers", "1",
                         "--ema_decay", "0"])
     lr = np.linspace(0.01, 0.3, 30, dtype=np.float32)
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     recipe = step_recipe(cfg, "O0")
     model, ema = training_model(cfg, net, lr, "O0", recipe)
     tuned = FineTuning(cfg, recipe=recipe, lr=lr, probe_end=10, ema=ema, device_num=1,

@@ -139,7 +139,7 @@ def test_missing_model_files_are_user_errors(tmp_path):
 @pytest.fixture(scope="module")
 def r18_ckpt(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt") / "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 10), path)
+    ms.save_checkpoint(create_network("resnet18", class_num=10), path)
     return path
 
 

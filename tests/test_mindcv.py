@@ -93,7 +93,7 @@ def our_logits(name, path, images, pad_mode, **kwargs):
     """Our network's logits with the checkpoint ``path`` loaded (its weights are not drawn at
     build time: the strict load replaces every one, or raises)."""
     with no_init_parameters():
-        net = create_network(name, 10, stem_pool_pad_mode=pad_mode)
+        net = create_network(name, class_num=10, stem_pool_pad_mode=pad_mode)
     load_into_network(net, path, **kwargs)
     net.set_train(False)
     return net(ms.Tensor(images)).asnumpy()
@@ -128,7 +128,7 @@ def test_pool_warning_names_the_key_to_pass(mindcv_r18, images, tmp_path, checkp
     assert "--stem_pool_pad_mode same" in warning
     # our own training checkpoints: the run config stored in them says which pool
     ours = str(tmp_path / "ours.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 10, stem_pool_pad_mode="same"), ours,
+    ms.save_checkpoint(create_network("resnet18", class_num=10, stem_pool_pad_mode="same"), ours,
                        append_dict={CONFIG_KEY: json.dumps({"stem_pool_pad_mode": "same"})})
     checkpoint_log.clear()
     our_logits("resnet18", ours, images, "same")
@@ -153,7 +153,7 @@ def test_mindcv_training_checkpoint_drops_its_state_and_keeps_its_ema(tmp_path, 
     assert {"updates", "global_step", "learning_rate", "moments.classifier.weight",
             "ema.layer2.0.down_sample.0.weight"} <= set(ms.load_checkpoint(path))
 
-    live = create_network("resnet18", 10, stem_pool_pad_mode="same")
+    live = create_network("resnet18", class_num=10, stem_pool_pad_mode="same")
     assert load_into_network(live, path) == ([], False)
     live.set_train(False)
     np.testing.assert_allclose(live(ms.Tensor(images)).asnumpy(),
@@ -161,7 +161,7 @@ def test_mindcv_training_checkpoint_drops_its_state_and_keeps_its_ema(tmp_path, 
     [line] = [r.getMessage() for r in checkpoint_log.records if "MindCV" in r.getMessage()][:1]
     assert "dropped" in line and "updates" in line and "moments.*" in line
 
-    averaged = create_network("resnet18", 10, stem_pool_pad_mode="same")
+    averaged = create_network("resnet18", class_num=10, stem_pool_pad_mode="same")
     assert load_into_network(averaged, path, use_ema=True) == ([], True)
     np.testing.assert_array_equal(averaged.fc.weight.asnumpy(), 0.01)
 
@@ -182,16 +182,16 @@ def test_pre_trained_mindcv_checkpoint_into_another_class_count(mindcv_r18):
                                   mindcv_r18["net"].layer2[0].down_sample[0].weight.asnumpy())
     assert net.fc.weight.shape == (7, 512)
     with pytest.raises(CheckpointMismatchError, match=r"shape mismatch: fc\.weight"):
-        load_into_network(create_network("resnet18", 7), mindcv_r18["path"])
+        load_into_network(create_network("resnet18", class_num=7), mindcv_r18["path"])
 
 
 def test_mismatch_after_renaming_is_the_clear_error(mindcv_r18):
     with pytest.raises(CheckpointMismatchError, match=r"missing in checkpoint: layer1\.2\."):
-        load_into_network(create_network("resnet34", 10), mindcv_r18["path"])
+        load_into_network(create_network("resnet34", class_num=10), mindcv_r18["path"])
 
 
 def test_layout_is_recognised_by_names_only_mindcv_uses(mindcv_r18):
-    ours = {p.name: p for p in create_network("resnet18", 10).get_parameters()}
+    ours = {p.name: p for p in create_network("resnet18", class_num=10).get_parameters()}
     assert source_layout(ours) is None
     assert source_layout(ms.load_checkpoint(mindcv_r18["path"])) == "MindCV"
     mixed = dict(ours, **{"classifier.weight": ours["fc.weight"]})  # neither: left as is

@@ -51,7 +51,7 @@ def test_frozen_stages_keep_their_batchnorm_statistics_without_freeze_bn():
     keep their running statistics through training steps, bit for bit; the stages that train
     update theirs."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     set_trainable_layers(net, 2, freeze_bn=False)
     stats = {p.name: p.asnumpy().copy() for p in net.get_parameters()
              if p.name.endswith((".moving_mean", ".moving_variance"))}
@@ -87,7 +87,7 @@ def test_an_unloadable_export_never_replaces_the_earlier_file(tmp_path, monkeypa
 
     monkeypatch.setattr(formats, "export_model", unloadable)
     ckpt = str(tmp_path / "r18.ckpt")
-    atomic_save_checkpoint(create_network("resnet18", 10), ckpt)
+    atomic_save_checkpoint(create_network("resnet18", class_num=10), ckpt)
     earlier = tmp_path / f"model{suffix}"
     earlier.write_bytes(b"the earlier export")
     result = run_in_process(

@@ -132,7 +132,7 @@ def test_eval_on_a_full_disk_exits_4_and_keeps_the_earlier_result(tmp_path, cifa
     from src.models.resnet import create_network
 
     ckpt = str(tmp_path / "r18.ckpt")  # any network: the result file is what is written
-    ms.save_checkpoint(create_network("resnet18", 10), ckpt)
+    ms.save_checkpoint(create_network("resnet18", class_num=10), ckpt)
     out = tmp_path / "eval"
     out.mkdir()
     earlier = '{"top1": 0.5}'

@@ -267,7 +267,7 @@ def test_twin_weight_decay_set_equals_ours():
     from tests.torch_resnet import torch_resnet
     from tools.convert_torch_checkpoint import ms_to_torch_names
 
-    net, tnet = create_network("resnet50", 10), torch_resnet("resnet50", 10)
+    net, tnet = create_network("resnet50", class_num=10), torch_resnet("resnet50", 10)
     decay, _ = split_weight_decay(net.trainable_params())
     to_torch = ms_to_torch_names([p.name for p in net.trainable_params()])
     names = {id(p): n for n, p in tnet.named_parameters()}

@@ -99,7 +99,7 @@ def test_a_large_image_check_shows_progress(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_eval_py_writes_progress_lines_when_not_a_terminal(tmp_path):
     ckpt = str(tmp_path / "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 10), ckpt)
+    ms.save_checkpoint(create_network("resnet18", class_num=10), ckpt)
     result = run_in_process("eval.py", "--config_path", "configs/quick_start.yaml",
                             "--num_parallel_workers", "1", "--checkpoint_path", ckpt,
                             "--data_path", os.path.join(SAMPLE, "test"), "--batch_size", "50",

@@ -1,28 +1,29 @@
 """ResNet cells: shapes for every depth, parameter counts, names, stride placement, init, the
 stem max pool's forms (torchvision's padding 1, MindCV's pad_mode 'same') and which device
 target and export get which."""
+import os
+
 import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
 import pytest
+import yaml
 from mindspore.common.initializer import initializer
 from mindspore.nn.utils import no_init_parameters
 
 from src.data.settings import EvalPreprocess
 from src.deploy.inference import preprocess_images
-from src.models.resnet import (
-    NETWORKS,
+from src.models.resnet import NETWORK_REGISTRY, Bottleneck, batch_norm, create_network
+from src.models.stem_pool import (
     STEM_MAX_POOLS,
-    Bottleneck,
     MaxPoolPad1,
-    batch_norm,
-    create_network,
     same_max_pool,
     use_device_max_pool,
     use_exportable_max_pool,
 )
-from tests.helpers import imagenet_images, slow_beyond
+from src.utils.architectures import ARCHITECTURES
+from tests.helpers import ROOT, imagenet_images, slow_beyond
 
 # torchvision's parameter counts (trainable) at 1000 classes.
 TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
@@ -54,12 +55,14 @@ def runnable(*args, **kwargs):
     return net
 
 
-@pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
+@pytest.mark.parametrize("name", slow_beyond(NETWORK_REGISTRY,
+                                              ("resnet18", "resnet34", "resnet50")))
 def test_parameter_count_equals_torchvision(name):
     assert count(structure(name)) == TORCHVISION_PARAMS[name]
 
 
-@pytest.mark.parametrize("name", slow_beyond(NETWORKS, ("resnet18", "resnet34", "resnet50")))
+@pytest.mark.parametrize("name", slow_beyond(NETWORK_REGISTRY,
+                                              ("resnet18", "resnet34", "resnet50")))
 def test_output_shape_every_depth(name):
     net = runnable(name, class_num=7)
     net.set_train(False)
@@ -186,14 +189,14 @@ def test_stem_pool_form_per_device_target():
     assert all(set(forms) == {"CPU", "GPU", "Ascend"} for forms in STEM_MAX_POOLS.values())
     for target, form in (("CPU", is_torch_form), ("GPU", is_torch_form),
                          ("Ascend", lambda pool: isinstance(pool, MaxPoolPad1))):
-        net = structure("resnet18", 10)
+        net = structure("resnet18", class_num=10)
         assert is_torch_form(net.maxpool)  # no target: torch's form, as before
         assert use_device_max_pool(net, target) is net and form(net.maxpool), target
-        assert form(structure("resnet18", 10, device_target=target).maxpool), target
+        assert form(structure("resnet18", class_num=10, device_target=target).maxpool), target
     # the swap adds or removes no parameter: checkpoints load into either form
     assert count(structure("resnet18", device_target="Ascend")) == 11_689_512
     with pytest.raises(ValueError, match="device_target 'NPU'.*CPU, GPU, Ascend"):
-        use_device_max_pool(structure("resnet18", 10), "NPU")
+        use_device_max_pool(structure("resnet18", class_num=10), "NPU")
 
 
 def test_pool_forms_equal_after_relu_on_real_images():
@@ -204,11 +207,11 @@ def test_pool_forms_equal_after_relu_on_real_images():
     (0 at 0) discards."""
     images = ms.Tensor(preprocess_images(
         imagenet_images()[:4], EvalPreprocess(image_size=224, resize=256)))
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     net.set_train(False)
     stem = net.bn1(net.conv1(images))  # pre-ReLU, (4, 64, 112, 112)
     relu = ops.ReLU()
-    torch_form, ascend_form = structure("resnet18", 10).maxpool, MaxPoolPad1()
+    torch_form, ascend_form = structure("resnet18", class_num=10).maxpool, MaxPoolPad1()
     out = torch_form(relu(stem)).asnumpy()
     assert out.shape == (4, 64, 56, 56) and (out == 0).any()  # all-zero windows exist
     np.testing.assert_array_equal(ascend_form(relu(stem)).asnumpy(), out)
@@ -251,7 +254,7 @@ def test_same_pool_is_tensorflow_same_and_differs_from_torch_on_even_sides():
     top/left, one at the bottom/right), as torch's padding 1 on an odd side; negative input
     too (-inf padding)."""
     x = np.random.default_rng(0).standard_normal((2, 3, 10, 9)).astype(np.float32)  # even, odd
-    pool = create_network("resnet18", 10, stem_pool_pad_mode="same").maxpool
+    pool = create_network("resnet18", class_num=10, stem_pool_pad_mode="same").maxpool
     assert is_same_form(pool)
     out = pool(ms.Tensor(x)).asnumpy()
     np.testing.assert_array_equal(out, tf_same_max_pool(x))
@@ -270,13 +273,13 @@ def test_same_pool_kept_on_every_device_and_in_export(tmp_path):
     import onnxruntime
 
     for target in STEM_MAX_POOLS["same"]:
-        assert is_same_form(structure("resnet18", 10, device_target=target,
+        assert is_same_form(structure("resnet18", class_num=10, device_target=target,
                                       stem_pool_pad_mode="same").maxpool), target
-        net = structure("resnet18", 10, stem_pool_pad_mode="same")
+        net = structure("resnet18", class_num=10, stem_pool_pad_mode="same")
         assert is_same_form(use_device_max_pool(net, target).maxpool), target
-    net = create_network("resnet18", 10, stem_pool_pad_mode="same")  # runs below
+    net = create_network("resnet18", class_num=10, stem_pool_pad_mode="same")  # runs below
     assert is_same_form(use_exportable_max_pool(net).maxpool)
-    assert isinstance(use_exportable_max_pool(structure("resnet18", 10)).maxpool,
+    assert isinstance(use_exportable_max_pool(structure("resnet18", class_num=10)).maxpool,
                       MaxPoolPad1)  # pad: zero padding + 'valid', as before
 
     images = ms.Tensor(preprocess_images(
@@ -296,4 +299,12 @@ def test_same_pool_kept_on_every_device_and_in_export(tmp_path):
 def test_unknown_stem_pool_pad_mode_lists_valid_ones():
     with pytest.raises(ValueError, match="stem_pool_pad_mode must be one of pad, same, got "
                                          "'valid'"):
-        create_network("resnet18", 10, stem_pool_pad_mode="valid")
+        create_network("resnet18", class_num=10, stem_pool_pad_mode="valid")
+
+
+def test_config_allows_the_architectures_built():
+    """config.yaml's third document (allowed values) lists exactly ``ARCHITECTURES``' names."""
+    with open(os.path.join(ROOT, "config.yaml"), encoding="utf-8") as f:
+        choices = list(yaml.safe_load_all(f))[2]
+    assert choices["net_name"] == list(ARCHITECTURES)
+    assert list(NETWORK_REGISTRY) == list(ARCHITECTURES)

@@ -26,7 +26,7 @@ COMMON = ["--config_path", "configs/resnet18_cifar10.yaml", "--eval_image_size",
 @pytest.fixture(scope="module")
 def r18_ckpt(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("runtime") / "r18.ckpt")
-    ms.save_checkpoint(create_network("resnet18", 10), path)
+    ms.save_checkpoint(create_network("resnet18", class_num=10), path)
     return path
 
 
@@ -104,7 +104,7 @@ def test_the_temporary_folder_goes_also_when_loading_fails(spied, monkeypatch):
         raise inference.ModelFileError(f"cannot load ONNX file {path}")
 
     monkeypatch.setattr(formats, "load_onnx", fail)
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     net.set_train(False)
     with pytest.raises(inference.ModelFileError):
         formats.onnx_of_network(net, (3, 32, 32))

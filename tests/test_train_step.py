@@ -195,7 +195,7 @@ def test_ema_evaluation_is_measured_as_the_live_network(amp_level):
     from src.recipe import build_evaluator, training_model
     from src.utils.config import parse_config
     cfg = parse_config(["--net_name", "resnet18", "--class_num", "10", "--ema_decay", "0.99"])
-    net = create_network("resnet18", 10)
+    net = create_network("resnet18", class_num=10)
     live, ema = training_model(cfg, net, 0.1, amp_level)
     evaluator = build_evaluator(cfg, model=live, net=net, ema=ema, shard=None,
                                 amp_level=amp_level)

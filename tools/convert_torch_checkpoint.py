@@ -95,7 +95,7 @@ def network_layout(net_name, class_num):
     from mindspore.nn.utils import no_init_parameters
 
     with no_init_parameters():
-        return create_network(net_name, class_num)
+        return create_network(net_name, class_num=class_num)
 
 
 def check_against_network(ms_arrays, source):

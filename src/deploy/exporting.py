@@ -5,7 +5,7 @@ docs/deployment.md#export, docs/deployment.md#dynamic-batch.
 import mindspore as ms
 from mindspore import nn
 
-from src.models.resnet import use_exportable_max_pool
+from src.models.stem_pool import use_exportable_max_pool
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"

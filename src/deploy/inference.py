@@ -51,7 +51,7 @@ def load_network(net_name: str, class_num: int, checkpoint_path: str, *, use_ema
     """
     if not checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give --checkpoint_path FILE.ckpt")
-    net = create_network(net_name, class_num, device_target=device_target,
+    net = create_network(net_name, class_num=class_num, device_target=device_target,
                          stem_pool_pad_mode=stem_pool_pad_mode)
     _, ema = load_into_network(net, checkpoint_path, use_ema=use_ema)
     LOGGER.info("%s: %s", checkpoint_path, "its EMA weights (use_ema true)" if ema else

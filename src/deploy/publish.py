@@ -10,15 +10,13 @@ import os
 import numpy as np
 from mindspore import nn
 
+from src.utils.architectures import ARCHITECTURES
 from src.utils.checkpoint import source_names
 from src.utils.errors import WriteError
 from src.utils.files import atomic_write_text
 from src.utils.hub import CONFIG_FILE, WEIGHTS_FILE
 
 CARD_FILE = "README.md"
-NUM_FEATURES = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048,
-                "resnet152": 2048}
-"""Channels entering the classifier, per network (timm's ``num_features``)."""
 
 
 def torchvision_state(net: nn.Cell) -> dict[str, np.ndarray]:
@@ -57,7 +55,7 @@ def timm_config(net_name, class_num, preprocess, label_names=None):
     image_size = preprocess.image_size
     pool = math.ceil(image_size / 32)
     config = {"architecture": net_name, "num_classes": class_num,
-              "num_features": NUM_FEATURES[net_name], "global_pool": "avg"}
+              "num_features": ARCHITECTURES[net_name].num_features, "global_pool": "avg"}
     if label_names:
         config["label_names"] = list(label_names)
     config["pretrained_cfg"] = {

@@ -1,25 +1,12 @@
-"""Folding BatchNorm into the preceding convolution, for exported inference graphs.
-
-In inference a BatchNorm is an affine map per channel, y = (x - mean) / sqrt(var + eps) *
-gamma + beta, so the convolution before it can absorb it (as torch.ao's ``fuse_conv_bn_eval``
-and ONNX Runtime's ConvBNFusion do): with s = gamma / sqrt(var + eps), the folded convolution
-has weight ``w * s`` (per output channel) and bias ``beta - mean * s`` (plus ``b * s`` when it
-had a bias). The folded values are computed in float64 and stored in float32.
-"""
+"""Folding BatchNorm into the preceding convolution for exported inference graphs, as
+torch.ao's ``fuse_conv_bn_eval``: docs/network.md#freezing-and-batchnorm-folding."""
 import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
 
 
-def folded_conv(conv, bn):
-    """A new ``nn.Conv2d`` with ``bn`` (inference statistics) folded in; it has a bias.
-
-    Args:
-        conv (nn.Conv2d): the convolution, groups 1 or more, with or without bias.
-        bn (nn.BatchNorm2d): the BatchNorm applied right after it.
-
-    Returns:
-        nn.Conv2d: float32 weight (out, in / groups, kh, kw) and bias (out,).
+def folded_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """A new ``nn.Conv2d`` (float32 weight and bias) equal to ``conv`` then ``bn`` in inference.
 
     Raises:
         ValueError: If the channel counts of the two cells differ.
@@ -42,10 +29,9 @@ def folded_conv(conv, bn):
     return folded
 
 
-def conv_bn_pairs(cell):
-    """(conv child name, BatchNorm child name) pairs among the direct children of ``cell``:
-    ``convN``/``bnN`` siblings (torchvision's names) and a Conv2d followed by a BatchNorm2d
-    in a ``SequentialCell`` (``downsample``)."""
+def conv_bn_pairs(cell: nn.Cell) -> list[tuple[str, str]]:
+    """(conv, BatchNorm) child name pairs of ``cell``: ``convN``/``bnN`` siblings, and a Conv2d
+    followed by a BatchNorm2d in a ``SequentialCell`` (``downsample``)."""
     children = dict(cell.name_cells())
     if isinstance(cell, nn.SequentialCell):
         names = list(children)
@@ -56,17 +42,10 @@ def conv_bn_pairs(cell):
             and isinstance(children.get(f"conv{name[2:]}"), nn.Conv2d)]
 
 
-def fold_batchnorm(net):
-    """Fold every BatchNorm of ``net`` into the convolution before it, in place; the
-    BatchNorm cells become ``nn.Identity``. Only for inference: the result has no batch
-    statistics to train.
-
-    Args:
-        net (nn.Cell): a network in the torchvision layout (``src.models.resnet``), weights loaded.
-
-    Returns:
-        int: the number of BatchNorm cells folded.
-    """
+def fold_batchnorm(net: nn.Cell) -> int:
+    """Fold every BatchNorm of ``net`` (torchvision's layout, weights loaded) into the
+    convolution before it, in place (the BatchNorm cells become ``nn.Identity``; inference
+    only); returns how many."""
     folded = 0
     for _, cell in list(net.cells_and_names()):
         for conv_name, bn_name in conv_bn_pairs(cell):

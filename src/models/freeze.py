@@ -1,41 +1,25 @@
-"""Which parts of a ResNet train when fine-tuning: frozen stages and frozen BatchNorm.
+"""Which parts of a ResNet train when fine-tuning: frozen stages (torchvision's
+``trainable_backbone_layers``) and frozen BatchNorm (``FrozenBatchNorm2d``, ``norm_eval``).
 
-``set_trainable_layers`` follows torchvision's ``trainable_backbone_layers``
-(``torchvision/models/detection/backbone_utils.py``, ``resnet_fpn_backbone``): of the stages
-``conv1``, ``layer1`` .. ``layer4``, the last ``trainable_layers`` train (``bn1``, the stem's
-BatchNorm, only with all five), ``fc`` always trains. ``freeze_batchnorm`` is the frozen
-BatchNorm of torchvision's ``FrozenBatchNorm2d`` and of Detectron2/MMDetection's
-``norm_eval``: running statistics used and kept, scale and shift still trainable.
-
-Both work on a freshly built network (parameter names ``conv1.weight``, ``layer1.0.bn1.gamma``,
-``fc.bias``), before it is wrapped in the training cell: the optimizer is then built over
-``net.trainable_params()`` only, so frozen parameters get no gradient, no optimizer state and
-no weight decay.
+Applied to a network before it is wrapped: docs/network.md#freezing-and-batchnorm-folding.
 """
+import logging
+from collections.abc import Iterable, Sequence
+
 import mindspore as ms
 import mindspore.nn as nn
 
 from src.utils.device import apply_fusion_config
 
-#: torchvision's order: the first ``trainable_layers`` of these train (5 = all, with ``bn1``).
 STAGES_LAST_FIRST = ("layer4", "layer3", "layer2", "layer1", "conv1")
-#: The classifier: always trains.
-HEAD = "fc"
-#: Most stages that can train (``trainable_layers`` is in 0..MAX_TRAINABLE_LAYERS; the config
-#: check, ``src.utils.config.check_values``, refuses other values).
-MAX_TRAINABLE_LAYERS = len(STAGES_LAST_FIRST)
+"""torchvision's order: the first ``trainable_layers`` of these train (5 = all, with ``bn1``)."""
+HEAD = "fc"  # the classifier: always trains
+MAX_TRAINABLE_LAYERS = len(STAGES_LAST_FIRST)  # trainable_layers is in 0..MAX_TRAINABLE_LAYERS
 
 
-def trainable_stages(trainable_layers):
-    """The top-level cells that train with ``trainable_layers``.
-
-    Args:
-        trainable_layers (int): 0 = only ``fc``, 1 = ``layer4`` and ``fc``, ...,
-            5 = everything (torchvision's ``trainable_backbone_layers``).
-
-    Returns:
-        tuple[str]: Names of top-level cells of ``ResNet`` (``fc`` first).
-    """
+def trainable_stages(trainable_layers: int) -> tuple[str, ...]:
+    """Names of the top-level cells (``fc`` first) that train with ``trainable_layers``: 0 =
+    only ``fc``, 1 = ``layer4`` and ``fc``, ..., 5 = everything."""
     stages = list(STAGES_LAST_FIRST[:trainable_layers])
     if trainable_layers == MAX_TRAINABLE_LAYERS:
         stages.append("bn1")
@@ -51,34 +35,19 @@ def _batchnorms(net):
             if isinstance(cell, nn.BatchNorm2d)]
 
 
-#: Parameters that never train (BatchNorm running statistics).
 RUNNING_STATISTICS = (".moving_mean", ".moving_variance")
 
 
-def never_trains(param):
-    """Whether ``param`` is state rather than a weight: BatchNorm running statistics, or an
-    integer counter (the stochastic depth ``drop_path_step``)."""
+def never_trains(param: ms.Parameter) -> bool:
+    """Whether ``param`` is state, not a weight: BatchNorm running statistics or an integer
+    counter (``drop_path_step``)."""
     return param.name.endswith(RUNNING_STATISTICS) or param.dtype not in ms.dtype.float_type
 
 
-def set_trainable_layers(net, trainable_layers, freeze_bn=False):
-    """Make the stages of ``trainable_layers`` train and freeze the others, in place, as
-    torchvision freezes a backbone: a frozen stage's parameters get ``requires_grad=False``
-    and its BatchNorm layers use and keep their running statistics
-    (``use_batch_statistics=False``: inference behaviour also in training mode). The stages
-    that train get ``requires_grad=True`` back (running statistics never train) and their
-    BatchNorm layers batch statistics in training mode, unless ``freeze_bn``. So it can be
-    called again to change what trains (LP-FT's switch).
-
-    Args:
-        net (ResNet): A network of ``src.models.resnet``, not yet wrapped.
-        trainable_layers (int): See ``trainable_stages``.
-        freeze_bn (bool): Every BatchNorm layer keeps its running statistics (their gamma and
-            beta still train where their stage trains): ``freeze_batchnorm``.
-
-    Returns:
-        int: Number of parameter tensors frozen (running statistics not counted).
-    """
+def set_trainable_layers(net: nn.Cell, trainable_layers: int, freeze_bn: bool = False) -> int:
+    """Make the stages of ``trainable_layers`` (0..5, ``trainable_stages``) of ``net`` (not yet
+    wrapped) train and freeze the others, in place, every BatchNorm frozen with ``freeze_bn``;
+    callable again (LP-FT's switch). Returns the parameter tensors frozen (not BN statistics)."""
     keep = trainable_stages(trainable_layers)
     frozen = 0
     for param in net.get_parameters():
@@ -91,26 +60,16 @@ def set_trainable_layers(net, trainable_layers, freeze_bn=False):
     return frozen
 
 
-def freeze_batchnorm(net):
-    """Make every BatchNorm layer of ``net`` use and keep its running statistics
-    (``use_batch_statistics=False``), in place; its gamma and beta still train where their
-    stage trains (torchvision's ``FrozenBatchNorm2d`` keeps them fixed; here they follow
-    ``trainable_layers``). The usual choice for small batches of a new domain: batch
-    statistics of a few images are noisy and would overwrite the pretrained ones.
-
-    Args:
-        net (nn.Cell): The network.
-
-    Returns:
-        int: Number of BatchNorm layers frozen.
-    """
+def freeze_batchnorm(net: nn.Cell) -> int:
+    """Make every BatchNorm layer of ``net`` use and keep its running statistics, in place
+    (gamma and beta still train where their stage trains); returns how many."""
     layers = _batchnorms(net)
     for _, cell in layers:
         cell.use_batch_statistics = False
     return len(layers)
 
 
-def count_parameters(params):
+def count_parameters(params: Iterable[ms.Parameter]) -> int:
     """Number of scalar values in ``params`` (an iterable of Parameters)."""
     total = 0
     for param in params:
@@ -121,22 +80,12 @@ def count_parameters(params):
     return total
 
 
-def set_trainable(net, trainable_layers, freeze_bn, log, device_num=1, fusion_config=(),
-                  net_name=""):
-    """Set which stages of ``net`` train (``set_trainable_layers``), log how many parameters
-    train, and in data parallel fuse the gradient all-reduce over the tensors that train
-    (``src.utils.device.apply_fusion_config``).
-
-    Args:
-        net (ResNet): A network of ``src.models.resnet``, not yet wrapped.
-        trainable_layers (int): 0..5, as ``trainable_stages``.
-        freeze_bn (bool): Every BatchNorm layer keeps its running statistics.
-        log (logging.Logger): Gets the line of what trains (and of the fusion groups).
-        device_num (int): Devices of the run; above 1 the all-reduce fusion is set.
-        fusion_config (sequence[int]): The explicit split points of the fused all-reduce
-            (``all_reduce_fusion_config``; empty: derived from the trainable tensors).
-        net_name (str): For the fusion check's message.
-    """
+def set_trainable(net: nn.Cell, *, trainable_layers: int, freeze_bn: bool, log: logging.Logger,
+                  device_num: int = 1, fusion_config: Sequence[int] = (),
+                  net_name: str = "") -> None:
+    """``set_trainable_layers``, a log line of what trains, and with ``device_num`` > 1 the
+    gradient all-reduce fused over the trainable tensors (``apply_fusion_config``:
+    ``fusion_config`` its split points, empty: derived; ``net_name`` for its message)."""
     set_trainable_layers(net, trainable_layers, freeze_bn)
     params = net.trainable_params()
     everything = [p for p in net.get_parameters() if not never_trains(p)]

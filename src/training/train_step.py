@@ -158,7 +158,7 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
     overflow check it stays 0.
 
     A network with stochastic depth holds the counter ``drop_path_step`` its draws hash
-    (``src.models.resnet.DropPathScales``); every call adds 1 to it after the gradients are
+    (``src.models.drop_path.DropPathScales``); every call adds 1 to it after the gradients are
     computed, so each micro-batch draws anew and a resumed run (which restores it) draws as
     an uninterrupted one.
 

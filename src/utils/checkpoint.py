@@ -1,23 +1,21 @@
 """Checkpoint files: reading and checking them, atomic saving, naming, listing and pruning.
 
-Every ``.ckpt`` this package reads or writes goes through this module. Training checkpoints
-are named ModelZoo-style ``<net_name>-<epoch>_<step>.ckpt`` (1-based epoch, step within the
-epoch) and hold, besides the network: the optimizer's state, ``train_step`` (training steps
-done), ``run_config`` (the run's resolved config as JSON, checked on resume), ``best_score``
-(the run's best evaluation so far; also in ``NET-best.ckpt``) and ``train_data`` (the training
-image count and steps per epoch, checked on resume). Checkpoints of
-other code bases whose ResNets hold the same tensors under other names (MindCV's) are renamed
-on loading (``SOURCE_LAYOUTS``).
+Every ``.ckpt`` this package reads or writes goes through this module; what a training
+checkpoint holds and how other code bases' names are mapped: docs/network.md#checkpoints.
 """
 import glob
 import json
 import logging
 import os
 import re
+from collections.abc import Iterable
+from typing import Any
 
 import mindspore as ms
+import mindspore.nn as nn
 import numpy as np
 
+from src.utils.architectures import ARCHITECTURES, architecture_of
 from src.utils.errors import MissingFileError, UserError
 from src.utils.hub import (
     PretrainedMismatchError,
@@ -95,10 +93,8 @@ SOURCE_LAYOUTS = {
     },
 }
 NETWORK_ATTRIBUTES = ("stem_pool_pad_mode",)
-"""Config keys that change a network's output but none of its parameters, kept on the network
-as attributes of the same name (``src.models.resnet.ResNet``). Loading compares them with the
-checkpoint's stored run config (or its source layout's ``network``) and warns on a difference:
-the weights load, but the outputs are not those the checkpoint was trained with."""
+"""Config keys that change a network's output but none of its parameters, kept as attributes
+of the network: loading warns when the checkpoint's differ."""
 
 
 class CheckpointError(UserError, ValueError):
@@ -109,26 +105,13 @@ class CheckpointMismatchError(CheckpointError):
     """A checkpoint's parameters do not match the network's (names or shapes)."""
 
 
-RESNET_DEPTHS = {("BasicBlock", (2, 2, 2, 2)): "resnet18",
-                 ("BasicBlock", (3, 4, 6, 3)): "resnet34",
-                 ("Bottleneck", (3, 4, 6, 3)): "resnet50",
-                 ("Bottleneck", (3, 4, 23, 3)): "resnet101",
-                 ("Bottleneck", (3, 8, 36, 3)): "resnet152"}
-"""(block type, blocks per stage) -> ``net_name`` (He et al. 2016, Table 1)."""
-
-
-def infer_resnet(shapes):
-    """The network a set of ResNet weights fits, from its block counts and classifier.
-
-    Args:
-        shapes (dict): Tensor name (ours, torchvision's or MindCV's) -> shape.
-
-    Returns:
-        tuple(str, int): (``net_name``, class count).
+def infer_resnet(shapes: dict[str, tuple[int, ...]]) -> tuple[str, int]:
+    """(``net_name``, class count) of ResNet weights (name -> shape; ours, torchvision's or
+    MindCV's names), from their block counts and classifier.
 
     Raises:
-        CheckpointMismatchError: If there is no ``fc``/``classifier`` weight or the blocks
-            are not those of resnet18/34/50/101/152 (names the block counts).
+        CheckpointMismatchError: If there is no ``fc``/``classifier`` weight or the blocks are
+            of no ``ARCHITECTURES`` entry.
     """
     classifier = next((shapes[n] for n in ("fc.weight", "classifier.weight") if n in shapes),
                       None)
@@ -137,33 +120,27 @@ def infer_resnet(shapes):
     blocks = tuple(len({n.split(".")[1] for n in shapes if n.startswith(f"layer{stage}.")})
                    for stage in range(1, 5))
     kind = "Bottleneck" if any(".conv3." in n for n in shapes) else "BasicBlock"
-    if (kind, blocks) not in RESNET_DEPTHS:
-        raise CheckpointMismatchError(
-            f"weights of an unknown ResNet layout ({kind} blocks {list(blocks)}): this package "
-            f"builds {', '.join(f'{v} ({k[0]} {list(k[1])})' for k, v in RESNET_DEPTHS.items())}")
-    return RESNET_DEPTHS[(kind, blocks)], int(classifier[0])
+    net_name = architecture_of(kind, blocks)
+    if net_name is None:
+        built = ", ".join(f"{n} ({a.block} {list(a.layers)})" for n, a in ARCHITECTURES.items())
+        raise CheckpointMismatchError(f"weights of an unknown ResNet layout ({kind} blocks "
+                                      f"{list(blocks)}): this package builds {built}")
+    return net_name, int(classifier[0])
 
 
-def pretrained_config(source, net_name=None, eval_settings=True):
-    """The config values that weights in the Hub form carry (``src.utils.hub``).
+def pretrained_config(source: str, net_name: str | None = None,
+                      eval_settings: bool = True) -> dict[str, Any]:
+    """The config values that Hub weights carry: ``net_name``, and with ``eval_settings``
+    ``class_num`` and the eval preprocessing (``pretrained_eval_settings``).
 
     Args:
-        source (str): ``hf-hub:`` id, folder or ``.safetensors`` file.
-        net_name (str, optional): The network the user asked for: checked against the
-            weights'. None: not checked.
-        eval_settings (bool): Also ``class_num`` and the eval preprocessing (eval, predict,
-            export); False: ``net_name`` only (fine-tuning keeps its own classes).
-
-    Returns:
-        dict: ``net_name`` (``config.json``'s architecture, else the tensors' block counts),
-        and with ``eval_settings`` ``class_num`` (the classifier's rows) and
-        ``eval_image_size`` / ``eval_resize`` / ``eval_interpolation``
-        (``pretrained_eval_settings``).
+        net_name (str, optional): The configured network, checked against the weights'.
+        eval_settings (bool): False for fine-tuning, which keeps its own classes.
 
     Raises:
         HubError, MissingFileError: If the weights cannot be had.
-        PretrainedMismatchError: If they are of a network this package does not build, of
-            another one than ``net_name``, or ask for another normalization.
+        PretrainedMismatchError: If they are of a network not built here or not ``net_name``,
+            or ask for another normalization.
         CheckpointMismatchError: If their tensors are of no ResNet depth built here.
     """
     weights = resolve_weights(source)
@@ -182,11 +159,9 @@ def pretrained_config(source, net_name=None, eval_settings=True):
     return values
 
 
-def read_checkpoint(path):
-    """Read a ``.ckpt`` file, or weights in the Hub form (``hf-hub:`` id, folder,
-    ``.safetensors``: ``src.utils.hub``), into a dict of name -> Parameter (``run_config``:
-    str). Safetensors floats are widened to float32 (exactly); their names are left as the
-    file has them (``to_network_names`` maps them).
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """Read a ``.ckpt`` file or Hub weights (``src.utils.hub``) into name -> Parameter
+    (``run_config``: str); safetensors floats widened to float32, names as the file has them.
 
     Raises:
         MissingFileError: If ``path`` does not exist.
@@ -207,41 +182,36 @@ def read_checkpoint(path):
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
 
 
-def stored_config(params):
+def stored_config(params: dict[str, Any]) -> dict[str, Any] | None:
     """The run config stored in a training checkpoint (a dict), or None for older files."""
     text = params.get(CONFIG_KEY)
     return json.loads(text) if isinstance(text, str) else None
 
 
-def stored_best(params):
-    """The best evaluation score stored in a training checkpoint, ``{"top1": float, "epoch":
-    int}``, or None (no evaluation yet, or a file written before it was stored)."""
+def stored_best(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The best score stored in a training checkpoint, ``{"top1": float, "epoch": int}``, or
+    None."""
     text = params.get(BEST_KEY)
     return json.loads(text) if isinstance(text, str) and text else None
 
 
-def stored_data(params):
-    """The training data a checkpoint was trained on, ``{"images": int, "steps_per_epoch":
-    int}`` (the training images of ``data_path``, after ``val_split``; optimizer steps per
-    epoch per device), or None for files written before it was stored."""
+def stored_data(params: dict[str, Any]) -> dict[str, int] | None:
+    """The training data stored in a checkpoint, ``{"images": int, "steps_per_epoch": int}``
+    (after ``val_split``; optimizer steps per epoch per device), or None."""
     text = params.get(DATA_KEY)
     return json.loads(text) if isinstance(text, str) and text else None
 
 
-def stored_step(params):
+def stored_step(params: dict[str, Any]) -> int:
     """Training steps done, from ``train_step`` (or the optimizer's ``global_step``)."""
     value = params[STEP_KEY] if STEP_KEY in params else params["global_step"]
     return int(value.asnumpy().reshape(-1)[0])
 
 
-def compare(net, params):
-    """Compare checkpoint parameters with a network's.
-
-    Returns:
-        tuple(list, list, list): names missing from the checkpoint, names the network does not
-        have (optimizer state and the step counter are ignored), and
-        ``"name: checkpoint shape vs network shape"`` for every shape mismatch.
-    """
+def compare(net: nn.Cell, params: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """Compare checkpoint parameters with a network's: (names missing from the checkpoint,
+    names the network lacks but training state, ``"name: checkpoint shape vs network shape"``
+    per shape mismatch)."""
     net_params = {p.name: p for p in net.get_parameters()}
     missing = [n for n in net_params if n not in params]
     unexpected = [n for n in params if n not in net_params and not n.startswith(
@@ -252,30 +222,16 @@ def compare(net, params):
     return missing, unexpected, mismatched
 
 
-def ema_weights(params):
-    """The weight EMA a training checkpoint holds (``ema.<name>`` entries, written when
-    ``ema_decay`` > 0), under the network's names; empty if it has none.
-
-    Args:
-        params (dict): As ``read_checkpoint`` returns.
-
-    Returns:
-        dict: name -> Parameter.
-    """
+def ema_weights(params: dict[str, Any]) -> dict[str, ms.Parameter]:
+    """The weight EMA (``ema.<name>`` entries) of ``read_checkpoint``'s ``params``, as
+    network name -> Parameter; empty if it has none."""
     return {name[len(EMA_PREFIX):]: ms.Parameter(value.value(), name=name[len(EMA_PREFIX):])
             for name, value in params.items() if name.startswith(EMA_PREFIX)}
 
 
-def source_layout(params):
-    """The name of the ``SOURCE_LAYOUTS`` entry ``params`` is in, or None (ours, or unknown).
-
-    Args:
-        params (dict): Checkpoint names -> values, as ``read_checkpoint`` returns.
-
-    Returns:
-        str or None: e.g. ``"MindCV"`` for names with ``classifier`` or ``down_sample``
-        components and no ``fc`` or ``downsample`` ones.
-    """
+def source_layout(params: Iterable[str]) -> str | None:
+    """The ``SOURCE_LAYOUTS`` entry whose names ``params`` (name -> value) use, or None (ours,
+    or unknown)."""
     components = {part for name in params for part in name.split(".")}
     for layout, spec in SOURCE_LAYOUTS.items():
         if components & set(spec["renames"]) and not components & set(spec["renames"].values()):
@@ -283,16 +239,9 @@ def source_layout(params):
     return None
 
 
-def layout_names(names, layout):
-    """Map the names of a ``SOURCE_LAYOUTS`` layout to ours, one name at a time.
-
-    Args:
-        names (iterable[str]): The source's tensor names.
-        layout (str): A ``SOURCE_LAYOUTS`` key.
-
-    Returns:
-        dict: source name -> our name, for every name but the layout's ``dropped_leaves``.
-    """
+def layout_names(names: Iterable[str], layout: str) -> dict[str, str]:
+    """Source name -> our name for the ``names`` of ``SOURCE_LAYOUTS[layout]`` (its
+    ``dropped_leaves`` left out)."""
     spec = SOURCE_LAYOUTS[layout]
     names = list(names)
     batchnorms = {n.rsplit(".", 1)[0] for n in names
@@ -309,38 +258,17 @@ def layout_names(names, layout):
     return mapping
 
 
-def source_names(names, layout):
-    """Map our parameter names to a ``SOURCE_LAYOUTS`` layout's (``layout_names`` inverted).
-
-    Args:
-        names (iterable[str]): Our names (network parameters).
-        layout (str): A ``SOURCE_LAYOUTS`` key.
-
-    Returns:
-        dict: our name -> source name.
-    """
+def source_names(names: Iterable[str], layout: str) -> dict[str, str]:
+    """Our name -> the name in ``SOURCE_LAYOUTS[layout]`` (``layout_names`` inverted)."""
     spec = SOURCE_LAYOUTS[layout]
     back = {v: k for k, v in {**spec["renames"], **spec.get("batchnorm", {})}.items()}
     return {name: ".".join(back.get(part, part) for part in name.split(".")) for name in names}
 
 
-def to_network_names(params, path=""):
-    """Rename the parameters of a checkpoint of another code base (``SOURCE_LAYOUTS``) to ours
-    and drop its optimizer and training-state entries; logs one line naming the mapping.
-    Checkpoints in our layout are returned unchanged.
-
-    Source: MindCV 0.3.0 ``mindcv/models/resnet.py`` (names), ``mindcv/utils/train_step.py``
-    and ``mindcv/optim`` (training state saved with the network); torchvision's
-    ``models/resnet.py`` state_dict names (timm's plain ResNets use the same).
-
-    Args:
-        params (dict): Checkpoint names -> values, as ``read_checkpoint`` returns.
-        path (str): The file, for the log line.
-
-    Returns:
-        tuple(dict, str or None): the parameters under our names (``ema.`` weights too), and
-        the layout applied (None: ours).
-    """
+def to_network_names(params: dict[str, Any],
+                     path: str = "") -> tuple[dict[str, Any], str | None]:
+    """(``params`` under our names, the ``SOURCE_LAYOUTS`` entry renamed from or None): another
+    code base's training state dropped, one line logged naming ``path``; ours unchanged."""
     layout = source_layout(params)
     if layout is None:
         return params, None
@@ -375,48 +303,34 @@ def _prefixes(names, limit=6):
     return ", ".join(heads[:limit]) + (", ..." if len(heads) > limit else "")
 
 
-def expected_network_attributes(params, layout=None):
-    """The ``NETWORK_ATTRIBUTES`` a checkpoint's networks were built with: from its stored run
-    config, else from its source layout (``SOURCE_LAYOUTS[layout]["network"]``); empty when
-    unknown (files written before the key existed, plain ``save_checkpoint`` files).
-
-    Args:
-        params (dict): As ``read_checkpoint`` returns.
-        layout (str, optional): The ``SOURCE_LAYOUTS`` entry the checkpoint is in.
-
-    Returns:
-        dict: key -> value.
-    """
+def expected_network_attributes(params: dict[str, Any],
+                                layout: str | None = None) -> dict[str, Any]:
+    """The ``NETWORK_ATTRIBUTES`` (key -> value) a checkpoint's network was built with: from
+    its stored run config, else its ``SOURCE_LAYOUTS[layout]["network"]``; empty if unknown."""
     source = stored_config(params) or (SOURCE_LAYOUTS[layout]["network"] if layout else {})
     return {key: source[key] for key in NETWORK_ATTRIBUTES if key in source}
 
 
-def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False):
-    """Load a checkpoint into ``net``, strictly (the stochastic depth counter
-    ``drop_path_step``, training state, is neither loaded nor required: it stays at 0).
-
-    A checkpoint of another code base's ResNet (``SOURCE_LAYOUTS``: MindCV's) is renamed to
-    our names first (``to_network_names``, logged). When the checkpoint was trained with other
-    ``NETWORK_ATTRIBUTES`` than ``net`` has (e.g. MindCV's ``stem_pool_pad_mode`` same into a
-    ``pad`` network), it loads with a warning naming the key to pass.
+def load_into_network(net: nn.Cell, path: str, drop_mismatched_classifier: bool = False,
+                      use_ema: bool = False) -> tuple[list[str], bool]:
+    """Load weights into ``net`` strictly, renamed from other code bases' names first
+    (``to_network_names``); a backbone (``features_only``) drops the source's classifier.
+    ``drop_path_step`` is neither loaded nor required. Other ``NETWORK_ATTRIBUTES`` than
+    ``net``'s load with a warning naming the key to pass.
 
     Args:
-        net (nn.Cell): The network to fill.
-        path (str): ``.ckpt`` file: ours (training or plain) or MindCV's.
-        drop_mismatched_classifier (bool): For fine-tuning: when only ``fc.*`` shapes differ
-            (another class count), keep the network's freshly initialized classifier and load
-            everything else.
-        use_ema (bool): Load the checkpoint's weight EMA instead of its live weights when it
-            holds one (``ema_weights``).
+        path (str): A ``.ckpt`` file (ours or MindCV's) or Hub weights (``read_checkpoint``).
+        drop_mismatched_classifier (bool): For fine-tuning: when only ``fc.*`` shapes differ,
+            keep the network's fresh classifier.
+        use_ema (bool): Load the checkpoint's weight EMA (``ema_weights``) when it has one.
 
     Returns:
-        tuple(list[str], bool): names of the parameters that were not loaded (dropped
-        classifier), and whether the EMA weights were loaded.
+        tuple(list[str], bool): The source's tensors not loaded (a dropped classifier), and
+        whether the EMA weights were loaded.
 
     Raises:
         MissingFileError: If the file does not exist.
-        CheckpointMismatchError: If names or shapes do not match the network; the message
-            lists the mismatched parameters (e.g. another depth or class count).
+        CheckpointMismatchError: If names or shapes do not match; lists the mismatches.
     """
     params, layout = to_network_names(read_checkpoint(path), path)
     _warn_other_network_attributes(net, expected_network_attributes(params, layout), path,
@@ -427,6 +341,9 @@ def load_into_network(net, path, drop_mismatched_classifier=False, use_ema=False
     missing, unexpected, mismatched = compare(net, params)
     missing = [n for n in missing if n != DROP_PATH_STEP]
     dropped = []
+    if getattr(net, "features_only", False):  # a backbone: the classifier has nowhere to go
+        dropped = [n for n in unexpected if n.startswith(CLASSIFIER_PREFIX)]
+        unexpected = [n for n in unexpected if not n.startswith(CLASSIFIER_PREFIX)]
     if drop_mismatched_classifier and mismatched and all(
             m.startswith(CLASSIFIER_PREFIX) for m in mismatched):
         dropped = [n for n in params if n.startswith(CLASSIFIER_PREFIX)]
@@ -460,28 +377,20 @@ def _mismatch_message(path, missing, unexpected, mismatched, limit=10):
     return "\n".join(lines)
 
 
-def is_saved(name):
-    """Whether a parameter named ``name`` goes into checkpoint files: all but ``TrainStep``'s
-    gradient accumulation buffers, which are zero whenever a checkpoint is saved (between
-    optimizer steps)."""
+def is_saved(name: str) -> bool:
+    """Whether parameter ``name`` is saved: all but the gradient accumulation buffers (zero
+    between optimizer steps)."""
     return not name.startswith(GRAD_ACCUM_PREFIX)
 
 
-def atomic_save_checkpoint(net, path, append_dict=None):
-    """Save ``net`` to ``path`` so that a crash or power loss never leaves a truncated file
-    under the final name: written to a temporary name, flushed to disk (``fsync``), renamed,
-    and the folder entry flushed too.
-
-    Args:
-        net (nn.Cell or list): Network (or training cell) whose parameters are saved (but
-            the gradient accumulation buffers: ``is_saved``), or a list of ``{"name": str,
-            "data": Tensor}`` as ``mindspore.save_checkpoint`` takes.
-        path (str): Final ``.ckpt`` path.
-        append_dict (dict, optional): Extra int/float/str entries stored in the file.
+def atomic_save_checkpoint(net: nn.Cell | list[dict[str, Any]], path: str,
+                           append_dict: dict[str, Any] | None = None) -> None:
+    """Save ``net`` (its ``is_saved`` parameters, or ``save_checkpoint``'s list of dicts) and
+    ``append_dict`` to ``path`` atomically: a temporary file, ``fsync``, rename, the folder
+    entry flushed; a crash never leaves a truncated file under ``path``.
 
     Raises:
-        OSError: If the file cannot be written (disk full, permission); the temporary file
-            is removed and nothing is left under ``path``.
+        OSError: If the file cannot be written; nothing is left under ``path``.
     """
     partials = partial_files(path)
     try:
@@ -496,23 +405,16 @@ def atomic_save_checkpoint(net, path, append_dict=None):
     _fsync(os.path.dirname(os.path.abspath(path)))
 
 
-def partial_files(path):
-    """The temporary files of saving ``path``: ours (``NAME.partial.ckpt``, renamed to
-    ``path`` when complete; ``save_checkpoint`` appends ".ckpt" to names without it, so the
-    suffix stays) and the one ``mindspore.save_checkpoint`` writes it through
-    (``NAME.partial.tmp``)."""
+def partial_files(path: str) -> list[str]:
+    """The temporary files of saving ``path``: ``NAME.partial.ckpt`` (ours, renamed to
+    ``path``) and ``NAME.partial.tmp`` (``mindspore.save_checkpoint``'s)."""
     stem = os.path.splitext(path)[0] + ".partial"
     return [stem + ".ckpt", stem + ".tmp"]
 
 
-def remove_stale_partials(output_dir, prefix):
-    """Delete the temporary files of ``prefix``'s checkpoints left in ``output_dir`` by a
-    save that was killed (``partial_files``: 30-60 MB each). Only this run's names
-    (``PREFIX-*``); other files are never touched.
-
-    Returns:
-        list[str]: The files removed.
-    """
+def remove_stale_partials(output_dir: str, prefix: str) -> list[str]:
+    """Delete (and return) the ``partial_files`` of ``prefix``'s checkpoints that a killed
+    save left in ``output_dir``; other files are never touched."""
     pattern = os.path.join(glob.escape(output_dir), glob.escape(prefix) + "-*.partial.")
     stale = sorted(glob.glob(pattern + "ckpt") + glob.glob(pattern + "tmp"))
     for path in stale:
@@ -528,13 +430,13 @@ def _fsync(path):
         os.close(fd)
 
 
-def checkpoint_name(prefix, global_step, steps_per_epoch):
+def checkpoint_name(prefix: str, global_step: int, steps_per_epoch: int) -> str:
     """ModelZoo-style ``prefix-EPOCH_STEP.ckpt`` (1-based epoch, step within the epoch)."""
     epoch, step = divmod(global_step - 1, steps_per_epoch)
     return f"{prefix}-{epoch + 1}_{step + 1}.ckpt"
 
 
-def position_of(path, steps_per_epoch):
+def position_of(path: str, steps_per_epoch: int) -> int | None:
     """Global step encoded in a checkpoint name, or None."""
     match = NAME.search(os.path.basename(path))
     if not match:
@@ -542,7 +444,7 @@ def position_of(path, steps_per_epoch):
     return (int(match.group(1)) - 1) * steps_per_epoch + int(match.group(2))
 
 
-def periodic_checkpoints(output_dir, prefix, steps_per_epoch):
+def periodic_checkpoints(output_dir: str, prefix: str, steps_per_epoch: int) -> list[str]:
     """Training checkpoints ``prefix-E_S.ckpt`` in ``output_dir``, newest position first."""
     own_name = re.compile(re.escape(prefix) + r"-\d+_\d+\.ckpt")  # not "resnet18-run2-1_4"
     found = [(position_of(p, steps_per_epoch), p)
@@ -551,20 +453,17 @@ def periodic_checkpoints(output_dir, prefix, steps_per_epoch):
     return [p for pos, p in sorted(found, reverse=True) if pos is not None]
 
 
-def own_checkpoints(output_dir, prefix, steps_per_epoch, up_to_step):
+def own_checkpoints(output_dir: str, prefix: str, steps_per_epoch: int,
+                    up_to_step: int) -> list[str]:
     """Checkpoints of the run a resumed run continues: the periodic ones in ``output_dir`` at
     or before ``up_to_step``, oldest first."""
     return [p for p in reversed(periodic_checkpoints(output_dir, prefix, steps_per_epoch))
             if position_of(p, steps_per_epoch) <= up_to_step]
 
 
-def is_resumable(path, net_param_names):
-    """Whether ``path`` reads as a training checkpoint holding every parameter of the
-    network and optimizer (a file cut at a record boundary parses but lacks the later ones).
-
-    Returns:
-        tuple(bool, str): whether it is usable, and why not (empty when usable).
-    """
+def is_resumable(path: str, net_param_names: Iterable[str]) -> tuple[bool, str]:
+    """(whether ``path`` is a training checkpoint holding every one of ``net_param_names``,
+    why not): a file cut at a record boundary parses but lacks the later ones."""
     try:
         params = read_checkpoint(path)
     except CheckpointError as err:
@@ -577,11 +476,9 @@ def is_resumable(path, net_param_names):
     return True, ""
 
 
-def prune(paths, keep):
-    """Delete all but the last ``keep`` of ``paths`` (oldest first); return the ones kept.
-
-    A file that cannot be deleted (read-only folder entry, immutable file, permission) is left
-    with a warning naming it, and no longer counted: the run goes on."""
+def prune(paths: list[str], keep: int) -> list[str]:
+    """Delete all but the last ``keep`` of ``paths`` (oldest first); return the ones kept. A
+    file that cannot be deleted is left with a warning, and no longer counted."""
     for old in paths[:-keep] if keep else paths:
         try:
             if os.path.exists(old):

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from src.utils.architectures import ARCHITECTURES
 from src.utils.errors import MissingFileError, UserError
 from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS
 
@@ -22,7 +23,7 @@ HUB_PREFIX = "hf-hub:"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 SUFFIX = ".safetensors"
-BUILT_ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+BUILT_ARCHITECTURES = tuple(ARCHITECTURES)
 """timm architectures whose weights this package's networks hold: torchvision's ResNets (one
 7x7 stem convolution, stride on the 3x3 convolution of the bottleneck)."""
 KNOWN_IDS = ("timm/resnet18.tv_in1k", "timm/resnet34.tv_in1k", "timm/resnet50.tv_in1k",
