@@ -5,8 +5,15 @@ The one owner of "best", as timm's ``CheckpointSaver`` (``timm/utils/checkpoint_
 owns it; the evaluator (``src.training.evaluator``) only measures.
 """
 import json
+import os
+from collections.abc import Callable
 
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
+
+
+def best_checkpoint_path(output_dir: str, prefix: str) -> str:
+    """The run's best checkpoint: ``output_dir/PREFIX-best.ckpt``."""
+    return os.path.join(output_dir, f"{prefix}-best.ckpt")
 
 
 class BestCheckpoint:
@@ -112,3 +119,19 @@ class EvalKeepingBest:
     def error(self):
         """Why the best checkpoint could not be written, or None."""
         return self.best.error
+
+
+def confusion_at_best(tracker, evaluator, best: BestCheckpoint, class_names: list[str],
+                      plot: Callable) -> Callable[[int, int], None] | None:
+    """``TrainMonitor``'s ``after_eval`` for TensorBoard: after an evaluation that set a new
+    best, the chosen network's confusion matrix (kept by ``evaluator``) drawn by
+    ``plot(confusion, class_names, path)`` (eval.py's ``--plot`` picture) as image
+    ``eval/confusion_matrix`` at that step; None without ``tracker`` or ``evaluator``."""
+    if tracker is None or evaluator is None:
+        return None
+
+    def after_eval(step, epoch):
+        if best.is_new and evaluator.confusion is not None:
+            tracker.drawn_image("eval/confusion_matrix", step, lambda path: plot(
+                evaluator.confusion, class_names, path))
+    return after_eval

@@ -323,7 +323,7 @@ class TrainMonitor(Callback):
     leaves the earlier records whole.
     """
 
-    def __init__(self, state, lr, global_batch_size, steps_per_epoch, log_interval,
+    def __init__(self, state, *, lr, global_batch_size, steps_per_epoch, log_interval,
                  metrics_path, logger, evaluator=None, eval_interval=1, tracker=None,
                  lr_groups=None, after_eval=None):
         super().__init__()

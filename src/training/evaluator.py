@@ -185,7 +185,7 @@ class Evaluator:
             rank must pass the same value (the matrices are summed over the ranks).
     """
 
-    def __init__(self, model, shard, net, ema=None, ema_model=None, class_num=None,
+    def __init__(self, model, shard, net, *, ema=None, ema_model=None, class_num=None,
                  confusion_of=None):
         self.model, self.shard, self.net = model, shard, net
         self.class_num = class_num

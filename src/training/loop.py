@@ -2,6 +2,7 @@
 pipeline) or in dataset sink calls (one pipeline for the run), LP-FT's two phases, and the
 exit status of the run (``finish``). Steps are optimizer steps throughout.
 """
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def stopped(callbacks, stop):
     return bool(stop.received or callbacks.state.must_stop)
 
 
-def train_run(model, callbacks, plan, start_step, stop, probe_end=0, fine_tune=None):
+def train_run(model, callbacks, plan, start_step, stop, *, probe_end=0, fine_tune=None):
     """Train from ``start_step`` to the end of the run, or until a stop, step by step
     (``train_step_by_step``) or in sink calls (``train_in_sink_calls``). With LP-FT
     (``probe_end`` > ``start_step``, the step at which the linear probe ends): the linear probe
@@ -208,3 +209,22 @@ def own_failure(callbacks):
     if state.nonfinite_step:
         return f"non-finite loss at global step {state.nonfinite_step}", EXIT_NONFINITE
     return None
+
+
+def track_run_end(callbacks: TrainCallbacks, output_dir: str, config: dict) -> None:
+    """TensorBoard at the end of a run: ``config`` (the resolved config) as hyperparameters
+    with the numbers of the last record of ``output_dir``'s metrics.jsonl, then the file
+    closed; nothing without a tracker."""
+    tracker = callbacks.monitor.tracker
+    if tracker is None:
+        return
+    last = {}
+    records = os.path.join(output_dir, "metrics.jsonl")
+    if os.path.isfile(records):
+        with open(records, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        last = json.loads(lines[-1]) if lines else {}
+    metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
+                                                       "ema_top1") if key in last}
+    tracker.hparams(config, metrics, callbacks.state.global_step)
+    tracker.close()

@@ -193,7 +193,7 @@ class BinaryCrossEntropy(nn.LossBase):
             numbers.
     """
 
-    def __init__(self, smooth_factor=0.1, class_num=1000, target_threshold=None,
+    def __init__(self, smooth_factor=0.1, class_num=1000, *, target_threshold=None,
                  soft_targets=False, reduction="mean", class_weights=None):
         super().__init__(reduction)
         if target_threshold is not None and not 0.0 <= target_threshold < 1.0:
@@ -228,8 +228,8 @@ def _make_ce(label_smoothing, class_num, bce_target_threshold, soft_targets, cla
 
 
 def _make_bce(label_smoothing, class_num, bce_target_threshold, soft_targets, class_weights):
-    return BinaryCrossEntropy(label_smoothing, class_num, bce_target_threshold, soft_targets,
-                              class_weights=class_weights)
+    return BinaryCrossEntropy(label_smoothing, class_num, target_threshold=bce_target_threshold,
+                              soft_targets=soft_targets, class_weights=class_weights)
 
 
 LOSSES = {"ce": _make_ce, "bce": _make_bce}
@@ -237,7 +237,7 @@ LOSSES = {"ce": _make_ce, "bce": _make_bce}
 class_weights)``."""
 
 
-def create_loss(loss, label_smoothing, class_num, bce_target_threshold=0.0, soft_targets=False,
+def create_loss(loss, label_smoothing, class_num, *, bce_target_threshold=0.0, soft_targets=False,
                 class_weights=None):
     """The training loss by name.
 

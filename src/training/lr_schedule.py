@@ -110,7 +110,7 @@ def warmup_poly_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0, power=2.0):
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def warmup_step_lr(peak_lr, total_steps, warmup_steps, steps_per_epoch, decay_epochs,
+def warmup_step_lr(peak_lr, total_steps, warmup_steps, *, steps_per_epoch, decay_epochs,
                    decay_factor=0.1):
     """Linear warmup, then ``peak_lr`` multiplied by ``decay_factor`` at each decay epoch.
 
@@ -129,7 +129,7 @@ def warmup_step_lr(peak_lr, total_steps, warmup_steps, steps_per_epoch, decay_ep
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def create_lr(lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch_size,
+def create_lr(*, lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch_size,
               steps_per_epoch, warmup_epochs, lr_end=0.0, lr_decay_epochs=(),
               lr_decay_factor=0.1, lr_poly_power=2.0):
     """The per-step LR array of a recipe (the config keys of the same names).

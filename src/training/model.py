@@ -108,14 +108,16 @@ def build_train_step(net, lr, recipe, ema=None):
         ConfigError: As ``loss_scale_setup``.
     """
     scale_sense, check_overflow, _ = loss_scale_setup(
-        recipe.amp_level, recipe.device_target, recipe.loss_scale, recipe.loss_scale_type,
-        recipe.scale_factor, recipe.scale_window)
+        recipe.amp_level, recipe.device_target, recipe.loss_scale,
+        loss_scale_type=recipe.loss_scale_type, scale_factor=recipe.scale_factor,
+        scale_window=recipe.scale_window)
     optimizer = create_optimizer(net, lr, **recipe.optimizer_kwargs)
     loss_fn = create_loss(label_smoothing=recipe.label_smoothing, class_num=recipe.class_num,
                           **recipe.loss_kwargs)
-    return TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense, check_overflow,
-                     recipe.grad_clip_norm, recipe.grad_accumulation_steps, ema,
-                     recipe.allreduce_per)
+    return TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense=scale_sense,
+                     check_overflow=check_overflow, grad_clip_norm=recipe.grad_clip_norm,
+                     accumulation_steps=recipe.grad_accumulation_steps, ema=ema,
+                     allreduce_per=recipe.allreduce_per)
 
 
 def resolve_allreduce_per(value, device_target):

@@ -15,6 +15,8 @@ gathered per step inside the graph as float32, as the LR array is.
 """
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import mindspore as ms
 import mindspore.nn as nn
@@ -136,6 +138,18 @@ def parameter_groups(net, lr, weight_decay, layer_decay=1.0, head_lr_scale=1.0):
                     else ms.Tensor((np.asarray(lr, np.float64) * scale).astype(np.float32)))
         result.append({"params": params, "weight_decay": wd, "lr": group_lr})
     return result + [{"order_params": trainable}]
+
+
+def lr_group_tags(names: list[str], layer_decay: float = 1.0,
+                  head_lr_scale: float = 1.0) -> dict[str, float]:
+    """``{TensorBoard tag: LR multiple}`` of the layers whose LR is a multiple of the scheduled
+    one (``train/lr/layerNN``, NN the layer's index: 0 = the stem, the last = ``fc``); empty
+    without ``layer_decay`` or ``head_lr_scale``. ``names``: every parameter name."""
+    if layer_decay == 1.0 and head_lr_scale == 1.0:
+        return {}
+    ids, _ = layer_ids(names)
+    return {f"train/lr/layer{ids[name]:02d}": scale
+            for name, scale in layer_lr_scales(names, layer_decay, head_lr_scale).items()}
 
 
 #: Most entries (steps) of a bias-correction table when the LR gives no number of steps.
@@ -491,100 +505,114 @@ class Lars(nn.Optimizer):
                               self.adapt_flags, self.optim_filter)
 
 
-def _build_momentum(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale,
-                    trust_coeff):
-    """``nn.Momentum``: exactly the recipes' optimizer (betas, eps and trust_coeff unused)."""
-    del beta1, beta2, eps, trust_coeff
+def _momentum(groups, learning_rate, *, momentum, loss_scale):
+    """``nn.Momentum``: exactly the recipes' optimizer."""
     return nn.Momentum(groups, learning_rate=learning_rate, momentum=momentum,
                        loss_scale=loss_scale)
 
 
-def _build_adamw(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff):
-    """``AdamW`` of this module (momentum, loss_scale and trust_coeff unused)."""
-    del momentum, loss_scale, trust_coeff
+def _adamw(groups, learning_rate, *, beta1, beta2, eps):
+    """``AdamW`` of this module."""
     return AdamW(groups, learning_rate=learning_rate, beta1=float(beta1), beta2=float(beta2),
                  eps=float(eps))
 
 
-def _build_lamb(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff):
-    """``Lamb`` of this module (momentum, loss_scale and trust_coeff unused)."""
-    del momentum, loss_scale, trust_coeff
+def _lamb(groups, learning_rate, *, beta1, beta2, eps):
+    """``Lamb`` of this module."""
     return Lamb(groups, learning_rate=learning_rate, beta1=float(beta1), beta2=float(beta2),
                 eps=float(eps))
 
 
-def _build_lars(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff):
-    """``Lars`` of this module (betas and loss_scale unused)."""
-    del beta1, beta2, loss_scale
+def _lars(groups, learning_rate, *, momentum, eps, trust_coeff):
+    """``Lars`` of this module."""
     return Lars(groups, learning_rate=learning_rate, momentum=float(momentum),
                 trust_coeff=float(trust_coeff), eps=float(eps))
 
 
-#: name -> builder(groups, learning_rate, momentum, beta1, beta2, eps, loss_scale, trust_coeff)
-OPTIMIZERS = {"momentum": _build_momentum, "adamw": _build_adamw, "lamb": _build_lamb,
-              "lars": _build_lars}
+@dataclass(frozen=True)
+class OptimInfo:
+    """An optimizer of ``OPTIMIZERS`` (timm's ``OptimInfo``).
 
-#: the optimizers that take a fixed loss scale and divide it out of the gradients themselves
-TAKES_LOSS_SCALE = ("momentum",)
+    Attributes:
+        build: ``build(groups, learning_rate, **hyperparameters)`` -> the optimizer.
+        hyperparameters: The keywords ``build`` takes, with their defaults (the config keys
+            of the same names set them; the other optimizers' keys are not passed).
+        takes_loss_scale: Whether ``build`` also takes ``loss_scale`` and divides the
+            gradients by it (a fixed loss scale).
+    """
+
+    build: Callable[..., nn.Optimizer]
+    hyperparameters: dict[str, float] = field(default_factory=dict)
+    takes_loss_scale: bool = False
 
 
-def create_optimizer(net, lr, momentum=0.9, weight_decay=0.0, loss_scale=1.0, *,
-                     optimizer="momentum", beta1=0.9, beta2=0.999, eps=1e-8, layer_decay=1.0,
-                     head_lr_scale=1.0, trust_coeff=0.001):
-    """One of ``OPTIMIZERS`` over two parameter groups: decayed (convolution and dense
-    weights, ``weight_decay``) and not decayed (BatchNorm gamma/beta and every bias), in the
-    network's order; frozen parameters (``src.models.freeze``) in neither. With
-    ``layer_decay`` < 1 or ``head_lr_scale`` != 1 each group is split by LR multiple
-    (``parameter_groups``).
+#: name -> ``OptimInfo``: a new optimizer is one builder and one entry here.
+OPTIMIZERS = {
+    "momentum": OptimInfo(_momentum, {"momentum": 0.9}, takes_loss_scale=True),
+    "adamw": OptimInfo(_adamw, {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+    "lamb": OptimInfo(_lamb, {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+    "lars": OptimInfo(_lars, {"momentum": 0.9, "eps": 1e-8, "trust_coeff": 0.001}),
+}
 
-    - ``momentum``: ``nn.Momentum``, = ``torch.optim.SGD(momentum, nesterov=False)`` with L2
-      weight decay added to the gradient.
-    - ``adamw``: ``AdamW`` here, = ``torch.optim.AdamW`` (Loshchilov & Hutter 2019,
-      arXiv:1711.05101; bias correction, eps outside the square root).
-    - ``lamb``: ``Lamb`` here (You et al. 2020, arXiv:1904.00962, Algorithm 2; trust ratio 1
-      when a norm is 0).
-    - ``lars``: ``Lars`` here (the MLPerf reference's LARS; the no-decay group is also left
-      out of the trust ratio). With ``layer_decay`` or ``head_lr_scale`` each parameter's LR
-      multiple scales its step as the scheduled LR does.
+#: Every optimizer's hyperparameters: the keywords ``create_optimizer`` takes besides its own.
+HYPERPARAMETERS = tuple(dict.fromkeys(k for info in OPTIMIZERS.values()
+                                      for k in info.hyperparameters))
 
-    The update rules, and why MindSpore's ``nn.AdamWeightDecay`` and ``nn.Lamb`` are not used:
-    docs/training.md, "Optimizers". A fixed ``loss_scale`` can only be divided out by
-    ``momentum``; ``TrainStep`` unscales gradients before any optimizer, so training passes 1.
+#: The optimizers that take a fixed loss scale and divide it out of the gradients themselves.
+TAKES_LOSS_SCALE = tuple(name for name, info in OPTIMIZERS.items() if info.takes_loss_scale)
+
+
+def create_optimizer(net: nn.Cell, lr: np.ndarray | float, momentum: float | None = None,
+                     weight_decay: float = 0.0, loss_scale: float = 1.0, *,
+                     optimizer: str = "momentum", layer_decay: float = 1.0,
+                     head_lr_scale: float = 1.0, **hyperparameters: float) -> nn.Optimizer:
+    """One of ``OPTIMIZERS`` over the parameter groups of ``parameter_groups``: weight decay
+    on convolution and dense weights only, frozen parameters left out, split by LR multiple
+    with ``layer_decay`` < 1 or ``head_lr_scale`` != 1. The update rules and their sources:
+    docs/training.md#optimizers. ``TrainStep`` unscales the gradients before any optimizer,
+    so training passes ``loss_scale`` 1.
 
     Args:
-        net (nn.Cell): The network.
-        lr (numpy.ndarray or float): One LR per step (converted to a float32 Tensor) or a
-            constant.
-        momentum (float): Momentum coefficient ("momentum", "lars").
-        weight_decay (float): Weight decay of the decayed group (L2 added to the gradient for
-            "momentum", decoupled for "adamw", inside the trust ratio for "lamb" and "lars").
-        loss_scale (float): Gradients arrive multiplied by this (fixed loss scaling);
-            "momentum" divides it out. Must be 1.0 for the others.
-        optimizer (str): A key of ``OPTIMIZERS``: "momentum", "adamw", "lamb" or "lars".
-        beta1 (float): First-moment decay ("adamw", "lamb").
-        beta2 (float): Second-moment decay ("adamw", "lamb").
-        eps (float): Denominator term ("adamw", "lamb", "lars"), placed as described above.
-        layer_decay (float): timm's layer-wise LR decay in (0, 1] (``layer_lr_scales``).
-        head_lr_scale (float): The classifier's LR multiple.
-        trust_coeff (float): LARS's trust coefficient ("lars").
+        net: The network.
+        lr: One LR per optimizer step (made a float32 Tensor) or a constant.
+        momentum: The momentum coefficient ("momentum", "lars"); None = the entry's default.
+        weight_decay: Of the decayed group (L2 added to the gradient for "momentum",
+            decoupled for "adamw", inside the trust ratio for "lamb" and "lars").
+        loss_scale: Gradients arrive multiplied by this; only ``TAKES_LOSS_SCALE`` divide it
+            out, the others need 1.0.
+        optimizer: A key of ``OPTIMIZERS``.
+        layer_decay: timm's layer-wise LR decay in (0, 1] (``layer_lr_scales``).
+        head_lr_scale: The classifier's LR multiple.
+        **hyperparameters: Of ``HYPERPARAMETERS`` (``beta1``, ``beta2``, ``eps``,
+            ``trust_coeff``, ...); the chosen optimizer takes those of its entry, the
+            others are ignored.
 
     Returns:
-        nn.Optimizer: the optimizer.
+        The optimizer.
 
     Raises:
+        TypeError: A keyword no optimizer takes.
         KeyError: ``optimizer`` is not a key of ``OPTIMIZERS`` (the message lists them).
         ValueError: ``loss_scale != 1.0`` with an optimizer that cannot divide it out.
     """
+    for name in hyperparameters:
+        if name not in HYPERPARAMETERS:
+            raise TypeError(f"create_optimizer() got an unexpected keyword argument {name!r}")
     if optimizer not in OPTIMIZERS:
         raise KeyError(f"unknown optimizer {optimizer!r}; valid names: "
                        f"{', '.join(sorted(OPTIMIZERS))}")
-    if loss_scale != 1.0 and optimizer not in TAKES_LOSS_SCALE:
+    info = OPTIMIZERS[optimizer]
+    if loss_scale != 1.0 and not info.takes_loss_scale:
         raise ValueError(f"optimizer {optimizer!r} cannot divide out a fixed loss scale "
                          f"(loss_scale={loss_scale}); only {', '.join(TAKES_LOSS_SCALE)} can. "
                          "Pass loss_scale 1.0 and unscale the gradients before the optimizer, as "
                          "TrainStep does")
+    if momentum is not None:
+        hyperparameters["momentum"] = momentum
+    chosen = {name: hyperparameters.get(name, default)
+              for name, default in info.hyperparameters.items()}
+    if info.takes_loss_scale:
+        chosen["loss_scale"] = loss_scale
     groups = parameter_groups(net, lr, weight_decay, layer_decay, head_lr_scale)
     learning_rate = lr if isinstance(lr, float) else ms.Tensor(np.asarray(lr, np.float32))
-    return OPTIMIZERS[optimizer](groups, learning_rate, momentum=momentum, beta1=beta1,
-                                 beta2=beta2, eps=eps, loss_scale=loss_scale,
-                                 trust_coeff=trust_coeff)
+    return info.build(groups, learning_rate, **chosen)

@@ -5,6 +5,7 @@ import errno
 import fcntl
 import glob
 import json
+import logging
 import os
 import socket
 import time
@@ -12,7 +13,7 @@ import time
 from src.data.sampling import class_count_summary, class_counts
 from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE, training_labels, write_split_files
 from src.utils.errors import OutputDirError, WriteError
-from src.utils.files import atomic_write_text
+from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 
 RECORDS = "metrics.jsonl"
@@ -272,7 +273,7 @@ class OutputDirLock(FileLock):
         return super().acquire()
 
 
-def record_training_images(output_dir, data_path, class_names, log, split=None, val_split=0.0,
+def record_training_images(output_dir, data_path, class_names, log, *, split=None, val_split=0.0,
                            changed=(), write=True, for_eval=False, suggest_balance=False):
     """The training images of a class-folder run, in the log and the output folder: with a
     ``val_split`` (``split``) the two parts' file lists written into ``output_dir`` (if
@@ -313,3 +314,22 @@ def record_training_images(output_dir, data_path, class_names, log, split=None, 
         log.warning("unbalanced classes: the largest has %.1f times the images of the smallest"
                     "%s", ratio, "; class_balance sampler or loss evens them out"
                     if suggest_balance else "")
+
+
+def lock_output_dir(output_dir: str, rank: int, log: logging.Logger) -> OutputDirLock | None:
+    """Take the run's output folder on rank 0 (the ranks share it and only rank 0 writes):
+    checked writable, then locked for the run (``OutputDirLock``), so a second run into it
+    fails at once. Returns the lock (None on other ranks).
+
+    Raises:
+        OutputDirError: If the folder is a file, not writable, or held by another run.
+    """
+    if rank != 0:
+        return None
+    check_output_dir(output_dir)
+    lock = OutputDirLock(output_dir)
+    ended = lock.acquire()
+    if ended:
+        log.info("output_dir %s: took over the lock of an ended run (host and process id "
+                 "%s)", output_dir, ended)
+    return lock

@@ -43,7 +43,7 @@ def resolve_loss_scale_type(loss_scale_type, device_target):
     return loss_scale_type
 
 
-def loss_scale_setup(amp_level, device_target, loss_scale, loss_scale_type="auto",
+def loss_scale_setup(amp_level, device_target, loss_scale, *, loss_scale_type="auto",
                      scale_factor=2.0, scale_window=1000):
     """The loss scaling of ``TrainStep`` (``src.training.train_step``) under ``amp_level``.
 

@@ -248,7 +248,7 @@ class ProfileSteps(Callback):
         top (int): How many op types the table lists.
     """
 
-    def __init__(self, state, first_step, last_step, output_dir, logger, total_steps=None,
+    def __init__(self, state, first_step, last_step, *, output_dir, logger, total_steps=None,
                  top=TOP_OPS):
         super().__init__()
         self.state = state

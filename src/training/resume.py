@@ -8,10 +8,12 @@ data order is restored by building each epoch's pipeline from (seed, epoch) alon
 import json
 import logging
 import os
+from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
 
+from src.training.best import best_checkpoint_path
 from src.training.lr_schedule import LR_KEYS
 from src.training.output_dir import records_after
 from src.utils.checkpoint import (
@@ -32,6 +34,7 @@ from src.utils.checkpoint import (
     stored_step,
 )
 from src.utils.config import ConfigError
+from src.utils.device import all_gather_int
 from src.utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -309,7 +312,7 @@ def folder_best(best_path):
     return best
 
 
-def branch_files(output_dir, prefix, resume_path, step, steps_per_epoch, param_names,
+def branch_files(output_dir, prefix, *, resume_path, step, steps_per_epoch, param_names,
                  overwrite):
     """A resume from ``resume_path`` (in ``output_dir``, at ``step``) when the folder holds a
     newer usable checkpoint: a branch, which would overwrite the later checkpoints and drop the
@@ -339,8 +342,113 @@ def branch_files(output_dir, prefix, resume_path, step, steps_per_epoch, param_n
             f"previous_run_* folder inside it")
     later = [p for p in periodic_checkpoints(output_dir, prefix, steps_per_epoch)
              if position_of(p, steps_per_epoch) > step]
-    best_path = os.path.join(output_dir, f"{prefix}-best.ckpt")
+    best_path = best_checkpoint_path(output_dir, prefix)
     best = folder_best(best_path)
     if best is not None and int(best["epoch"]) * steps_per_epoch > step:
         later.append(best_path)
     return later
+
+
+@dataclass
+class ResumedRun:
+    """Where a run starts (``resume_run``).
+
+    Attributes:
+        resume_path: The checkpoint resumed, "" for a fresh start.
+        start_step: Optimizer steps done.
+        best: The best score stored in the checkpoint, ``{"top1", "epoch"}``.
+        folder_best: For a run that continues its folder, the score stored in its
+            ``NET-best.ckpt`` (``BestCheckpoint.restore`` takes the higher).
+        config: The run's config as stored in its checkpoints (with ``device_num``).
+        data: The training data as stored in them: ``{"images", "steps_per_epoch"}``.
+        continues_here: The checkpoint lies in ``output_dir``: this run continues that
+            folder's run.
+        later_files: A resume from an earlier step than the folder's newest checkpoint,
+            with ``overwrite``: the files of the later steps, to move aside.
+    """
+
+    resume_path: str
+    start_step: int
+    best: dict | None
+    folder_best: dict | None
+    config: dict
+    data: dict
+    continues_here: bool
+    later_files: list[str]
+
+
+def resume_run(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
+               run_config: dict, check_recipe: bool, overwrite: bool, epoch_size: int,
+               steps_per_epoch: int, total_steps: int, device_num: int,
+               log: logging.Logger, train_images: int | None = None) -> ResumedRun:
+    """Restore the training state of ``resume_ckpt`` (a path, "auto" or "") into
+    ``train_network``.
+
+    Args:
+        train_network: The training cell (``TrainStep``).
+        resume_ckpt: The ``resume_ckpt`` key.
+        output_dir: The run's folder.
+        prefix: The checkpoints' name prefix (``net_name``).
+        run_config: The resolved config with ``device_num``, stored in the checkpoints.
+        check_recipe: Refuse a checkpoint of another recipe or other data
+            (``resume_ignore_config`` false).
+        overwrite: The ``overwrite`` key (a branch's later files are moved aside).
+        epoch_size: Epochs of the run (named in the error of a finished checkpoint).
+        steps_per_epoch: Optimizer steps per epoch.
+        total_steps: Optimizer steps of the run.
+        device_num: Data-parallel devices.
+        log: The run's logger.
+        train_images: Images of the training data; None skips the data check.
+
+    Raises:
+        ConfigError: If the checkpoint was trained with another recipe or on other data
+            (with ``check_recipe``), has already trained every step, or is older than the
+            folder's newest usable checkpoint (a branch; unless ``overwrite``).
+    """
+    data = {"images": train_images, "steps_per_epoch": steps_per_epoch}
+    start_step, best, folder_score, later = 0, None, None, []
+    resume_path = resume_checkpoint_path(
+        train_network, resume_ckpt=resume_ckpt, output_dir=output_dir, prefix=prefix,
+        steps_per_epoch=steps_per_epoch, device_num=device_num, log=log)
+    if resume_path:
+        start_step, _, best = restore_training_state(
+            train_network, resume_path, run_config if check_recipe else None,
+            None if train_images is None else data)
+        if start_step >= total_steps:
+            raise ConfigError(f"{resume_path} has already trained all {total_steps} steps of "
+                              f"epoch_size {epoch_size}")
+    continues_here = bool(resume_path) and in_folder(resume_path, output_dir)
+    if continues_here:
+        if resume_ckpt != "auto":  # auto takes the newest usable one: never a branch
+            later = branch_files(output_dir, prefix, resume_path=resume_path, step=start_step,
+                                 steps_per_epoch=steps_per_epoch,
+                                 param_names=resumable_names(train_network), overwrite=overwrite)
+        best_path = best_checkpoint_path(output_dir, prefix)
+        if best_path not in later:  # a best chosen after a crash, e.g. (auto falls back)
+            folder_score = folder_best(best_path)
+    return ResumedRun(resume_path=resume_path, start_step=start_step, best=best,
+                      folder_best=folder_score, config=run_config, data=data,
+                      continues_here=continues_here, later_files=later)
+
+
+def resume_checkpoint_path(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
+                           steps_per_epoch: int, device_num: int, log: logging.Logger) -> str:
+    """``resume_ckpt`` resolved to a path ("" to start from scratch): as given, or for
+    "auto" the newest usable checkpoint in ``output_dir``; in data parallel, rank 0's
+    choice, which every rank must hold (``agree_across_ranks``)."""
+    names = resumable_names(train_network)
+    path = resume_ckpt
+    if path == "auto":
+        path = find_resume_checkpoint(output_dir, prefix, steps_per_epoch, names) or ""
+    if device_num > 1:
+        path = agree_across_ranks(path, output_dir, prefix, steps_per_epoch, names,
+                                  all_gather_int)
+    if resume_ckpt == "auto" and not path:
+        log.info("resume_ckpt auto: no checkpoint in %s, starting from scratch", output_dir)
+    return path
+
+
+def in_folder(path: str, folder: str) -> bool:
+    """Whether ``path`` lies directly in ``folder``."""
+    return os.path.isdir(folder) and os.path.samefile(os.path.dirname(os.path.abspath(path)),
+                                                      folder)

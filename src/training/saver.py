@@ -69,7 +69,7 @@ class CheckpointSaver(Callback):
     resumed step).
     """
 
-    def __init__(self, state, stop, output_dir, prefix, steps_per_epoch, total_steps,
+    def __init__(self, state, stop, *, output_dir, prefix, steps_per_epoch, total_steps,
                  run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
                  write=True, best=None, train_data=""):
         super().__init__()

@@ -189,7 +189,7 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
 
     ALLREDUCE_PER = ("step", "micro_batch")
 
-    def __init__(self, network_with_loss, optimizer, scale_sense=None, check_overflow=False,
+    def __init__(self, network_with_loss, optimizer, *, scale_sense=None, check_overflow=False,
                  grad_clip_norm=0.0, accumulation_steps=1, ema=None, allreduce_per="step"):
         if accumulation_steps < 1:
             raise ValueError(f"grad_accumulation_steps must be >= 1, got {accumulation_steps}")
