@@ -5,21 +5,10 @@
 
 Reads top to bottom: config -> signals -> device -> output folder lock -> dataset -> network
 -> LR -> Model (loss, optimizer, TrainStep, EMA) -> resume -> the last checks, callbacks ->
-output folder (the first file written) -> training. Outputs in --output_dir: checkpoints,
-metrics.jsonl (one JSON line per epoch), config.yaml (the resolved config), class_names.txt,
-train.log. One run per folder: a second run into a folder in use fails at once, a fresh run
-refuses a folder holding another run's files (--resume_ckpt auto continues it; --overwrite
-true moves them aside); a run refused at start-up writes nothing there. Step by step (CPU)
-each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt
-sees the same data as an uninterrupted one; in dataset sink mode (GPU/Ascend) one pipeline
-serves the whole run and one Model.train call compiles the graph once. SIGINT/SIGTERM save
-and stop (in data parallel every rank after the same step); a second Ctrl-C exits at once.
-Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, or more than
-max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint, record,
-log or config file could not be written (disk full, permission), 128 + signal number when
-stopped by SIGINT/SIGTERM (in data parallel on every rank, also those stopped with the
-signalled one). In data parallel every rank stops after the same step and exits with the same
-status, whichever rank stopped.
+output folder (the first file written) -> training. Outputs in --output_dir:
+docs/training.md#commands-and-outputs. One run per folder, resuming, stop signals and exit
+statuses (0 done, 2 bad input, 3 non-finite or overflowing, 4 a file not written, 128 +
+signal): docs/reliability.md.
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -29,6 +18,8 @@ import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exit
 import json
 import logging
 import os
+
+import numpy as np
 
 from src.data.class_names import CLASS_NAMES_FILE, write_class_names
 from src.data.image_check import (
@@ -40,6 +31,7 @@ from src.deploy.report import plot_confusion
 from src.recipe import (
     TRAIN_SECTIONS,
     FineTuning,
+    TrainData,
     build_data,
     build_evaluator,
     build_network,
@@ -76,7 +68,7 @@ from src.training.output_dir import (
 )
 from src.training.precision import resolve_amp_level, resolve_loss_scale_type
 from src.training.profiler import ProfileSteps, parse_profile_steps
-from src.training.resume import resume_run
+from src.training.resume import ResumedRun, resume_run
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils.checkpoint import (
@@ -85,7 +77,7 @@ from src.utils.checkpoint import (
     remove_stale_partials,
 )
 from src.utils.cli import run_entry_point
-from src.utils.config import parse_config
+from src.utils.config import Config, parse_config
 from src.utils.device import init_distributed, setup_device
 from src.utils.files import atomic_write_text
 from src.utils.hub import is_pretrained_source
@@ -97,7 +89,7 @@ from src.utils.tracking import TensorBoardLog
 SECTIONS = TRAIN_SECTIONS
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """Train as configured by ``argv`` (default: the command line); returns the exit status
     (see the module docstring)."""
     # ---- config, signals (caught from here on), device ----
@@ -149,9 +141,11 @@ def main(argv=None):
     callbacks = build_callbacks(cfg, run, data, model, net=net, ema=ema, lr=lr,
                                 global_batch=global_batch, amp_level=amp_level, stop=stop,
                                 rank=rank, log=log)
-    log = prepare_run_folder(cfg, run, data.class_names, rank, log, split)
-    log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
-                    amp_level, ema, log)
+    log = prepare_run_folder(cfg, run, class_names=data.class_names, rank=rank, log=log,
+                             split=split)
+    log_run_summary(cfg, run, steps_per_epoch=data.steps_per_epoch, global_batch=global_batch,
+                    device_num=device_num, peak_lr=peak_lr, total_steps=len(lr),
+                    amp_level=amp_level, ema=ema, log=log)
     log.info("dataset sink mode: %s", f"{sink_size} steps per call" if sink_size else "off")
 
     # ---- train: step by step (each epoch its own pipeline) or in sink calls (one pipeline) ----
@@ -175,21 +169,18 @@ def main(argv=None):
     return status
 
 
-def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
-    """One run per folder (rank 0 only: the other ranks write no files and may share the
-    folder, locked by ``lock_output_dir``): refuse or move aside another run's files (and,
-    for a resume from an older checkpoint with ``overwrite``, the later checkpoints and
-    records: ``move_branch_aside``), remove temporary files of saves that did not finish,
-    then write the resolved config, the class names and the ``val_split`` lists
-    (``src.recipe.record_run_images``). Returns the logger, now also writing ``train.log`` on
-    rank 0. Called once every check has passed (``split``:
-    ``src.recipe.run_split``'s result): a refused run leaves the folder as it was.
+def prepare_run_folder(cfg: Config, run: ResumedRun, *, class_names: list[str], rank: int,
+                       log: logging.Logger, split=None) -> logging.Logger:
+    """Make the output folder this run's, once every check has passed (a refused run leaves it
+    as it was): on rank 0 refuse or move aside another run's files, move a branch's later
+    files aside, remove unfinished saves and trim the records; then write the resolved
+    config, the class names and ``split``'s lists (``src.recipe.run_split``). Returns the
+    logger, on rank 0 now also writing ``train.log``.
 
     Raises:
         OutputDirError: If the folder holds another run's files.
         WriteError: If the config, class names or split lists cannot be written.
-        ConfigError: If a resumed run's split differs from its earlier one (when ``split``
-            is not given).
+        ConfigError: If a resumed run's split differs from its earlier one.
     """
     is_main = rank == 0
     moved = branched = None
@@ -221,8 +212,9 @@ def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
     return log
 
 
-def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr, total_steps,
-                    amp_level, ema, log):
+def log_run_summary(cfg: Config, run: ResumedRun, *, steps_per_epoch: int, global_batch: int,
+                    device_num: int, peak_lr: float, total_steps: int, amp_level: str, ema,
+                    log: logging.Logger) -> None:
     """The run's batch, LR, precision and resume position, in the log."""
     accumulated = cfg.grad_accumulation_steps
     log.info("global batch %d (%d per device x %d devices%s): effective peak LR %.6g (base_lr "
@@ -247,29 +239,13 @@ def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr
                  run.start_step % steps_per_epoch, steps_per_epoch)
 
 
-def build_callbacks(cfg, run, data, model, *, net, ema, lr, global_batch, amp_level, stop, rank,
-                    log):
+def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net, ema,
+                    lr: np.ndarray, global_batch: int, amp_level: str, stop: StopSignals,
+                    rank: int, log: logging.Logger) -> TrainCallbacks:
     """The callbacks of ``Model.train``, in order: the step state first, then the ones that read
     it (signals, progress and metrics with the evaluator and the best checkpoint, checkpoints,
-    profiler).
-
-    Args:
-        cfg (Config): The resolved config.
-        run (ResumedRun): Where the run starts.
-        data (TrainData): The training data.
-        model (Model): The training ``Model`` (evaluated by ``run_eval``).
-        net (nn.Cell): The network being trained.
-        ema (WeightEma or None): Its weight EMA.
-        lr (numpy.ndarray): LR per optimizer step of the run.
-        global_batch (int): Images per optimizer step over all devices.
-        amp_level (str): The resolved AMP level.
-        stop (StopSignals): The run's signal handler.
-        rank (int): This process's data-parallel rank (0 writes the files).
-        log (logging.Logger): The run's logger.
-
-    Returns:
-        TrainCallbacks: ``state``, ``monitor``, ``saver``, ``profiler`` (or None) and ``all``
-        (the list).
+    profiler). ``model`` is the training ``Model`` (evaluated), ``net`` its network, ``ema``
+    its ``WeightEma`` or None, ``lr`` the per-step LR array; rank 0 writes the files.
     """
     is_main = rank == 0
     steps_per_epoch = data.steps_per_epoch
@@ -315,7 +291,7 @@ def build_callbacks(cfg, run, data, model, *, net, ema, lr, global_batch, amp_le
                                agreement])
 
 
-def benchmark_training(cfg, device_num, log):
+def benchmark_training(cfg: Config, device_num: int, log: logging.Logger) -> int:
     """``--benchmark_steps N``: N optimizer steps of the configured recipe on one synthetic
     batch of ``batch_size`` that stays on the device (``src.utils.throughput``), fed
     ``grad_accumulation_steps`` times per step; no dataset, no files. Returns 0."""
