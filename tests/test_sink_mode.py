@@ -100,7 +100,7 @@ def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4, accumulati
     model = RecordingModel(state, steps_per_epoch, accumulation)
     plan = TrainPlan(epoch_size, steps_per_epoch, accumulation, sink_size, run_dataset=build)
     stop = StopSignals(logging.getLogger("test"))
-    train_in_sink_calls(model, cbs, plan, start_step, stop)
+    train_in_sink_calls(model, cbs, plan, start_step, stop=stop)
     return model.calls, built, state
 
 

@@ -235,9 +235,9 @@ def agree(dirs, local_paths):
 
     def rank_main(rank):
         try:
-            results[rank] = agree_across_ranks(local_paths[rank], dirs[rank], "net", 10,
-                                               ["weight", "bias"],
-                                               lambda v: group.gather(rank, v))
+            results[rank] = agree_across_ranks(local_paths[rank], dirs[rank], "net",
+                                               steps_per_epoch=10, param_names=["weight", "bias"],
+                                               gather=lambda v: group.gather(rank, v))
         except ConfigError as err:
             results[rank] = err
 

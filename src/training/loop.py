@@ -62,23 +62,23 @@ def train_run(model, callbacks, plan, start_step, stop, *, probe_end=0, fine_tun
     step or in sink calls; with LP-FT (``probe_end`` > ``start_step``) the linear probe up to
     ``probe_end``, then, unless stopped, the ``Model`` ``fine_tune(model)`` returns."""
     if probe_end and start_step < probe_end:
-        train_until(model, callbacks, plan, start_step, probe_end, stop)
+        train_until(model, callbacks, plan, start_step, end_step=probe_end, stop=stop)
         if stopped(callbacks, stop) or callbacks.state.global_step < probe_end:
             return
         model, start_step = fine_tune(model), probe_end
-    train_until(model, callbacks, plan, start_step, plan.total_steps, stop)
+    train_until(model, callbacks, plan, start_step, end_step=plan.total_steps, stop=stop)
 
 
-def train_until(model, callbacks, plan, start_step, end_step, stop):
+def train_until(model, callbacks, plan, start_step, *, end_step, stop):
     """Train from ``start_step`` to ``end_step`` (an epoch boundary), step by step or in sink
     calls (``plan.sink_size``)."""
     if plan.sink_size:
-        train_in_sink_calls(model, callbacks, plan, start_step, stop, end_step=end_step)
+        train_in_sink_calls(model, callbacks, plan, start_step, stop=stop, end_step=end_step)
     else:
-        train_step_by_step(model, callbacks, plan, start_step, stop, end_step=end_step)
+        train_step_by_step(model, callbacks, plan, start_step, stop=stop, end_step=end_step)
 
 
-def train_step_by_step(model, callbacks, plan, start_step, stop, end_step=None):
+def train_step_by_step(model, callbacks, plan, start_step, *, stop, end_step=None):
     """Train from ``start_step`` to ``end_step`` (an epoch boundary; default
     the end) or a stop, one batch per call: each epoch its own pipeline, a resumed run's trained
     batches skipped (the same images in the same order as an uninterrupted run); one
@@ -95,7 +95,7 @@ def train_step_by_step(model, callbacks, plan, start_step, stop, end_step=None):
                     initial_epoch=epoch)
 
 
-def train_in_sink_calls(model, callbacks, plan, start_step, stop, end_step=None):
+def train_in_sink_calls(model, callbacks, plan, start_step, *, stop, end_step=None):
     """Train from ``start_step`` to ``end_step`` (a multiple of
     ``plan.sink_size``; default the end) or a stop in dataset sink mode: one pipeline and one
     ``Model.train`` call per run (or per LP-FT phase), so the graph compiles once; a resume off a

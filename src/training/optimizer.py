@@ -199,7 +199,7 @@ class _BiasCorrectedAdam(nn.Optimizer):
     TRUST_RATIO = None
     MOMENT_PREFIXES = None
 
-    def __init__(self, params, learning_rate, beta1, beta2, eps, weight_decay):
+    def __init__(self, params, learning_rate, *, beta1, beta2, eps, weight_decay):
         super().__init__(learning_rate, params, weight_decay)
         cls = type(self).__name__
         for name, value in (("beta1", beta1), ("beta2", beta2)):
@@ -267,8 +267,10 @@ class AdamW(_BiasCorrectedAdam):
     TRUST_RATIO = False
     MOMENT_PREFIXES = ("adam_m", "adam_v")
 
-    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
-        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay)
+    def __init__(self, params, learning_rate, *, beta1=0.9, beta2=0.999, eps=1e-8,
+                 weight_decay=0.0):
+        super().__init__(params, learning_rate, beta1=beta1, beta2=beta2, eps=eps,
+                         weight_decay=weight_decay)
 
 
 class Lamb(_BiasCorrectedAdam):
@@ -279,8 +281,10 @@ class Lamb(_BiasCorrectedAdam):
     TRUST_RATIO = True
     MOMENT_PREFIXES = ("lamb_m", "lamb_v")
 
-    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0):
-        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay)
+    def __init__(self, params, learning_rate, *, beta1=0.9, beta2=0.999, eps=1e-6,
+                 weight_decay=0.0):
+        super().__init__(params, learning_rate, beta1=beta1, beta2=beta2, eps=eps,
+                         weight_decay=weight_decay)
 
 
 _lars_update = C.MultitypeFuncGraph("resnet_lars_update")
@@ -327,7 +331,7 @@ class Lars(nn.Optimizer):
 
     MOMENT_PREFIX = "lars_m"
 
-    def __init__(self, params, learning_rate, momentum=0.9, trust_coeff=0.001, eps=1e-8,
+    def __init__(self, params, learning_rate, *, momentum=0.9, trust_coeff=0.001, eps=1e-8,
                  weight_decay=0.0):
         super().__init__(learning_rate, params, weight_decay)
         for name, value, low in (("momentum", momentum, None), ("trust_coeff", trust_coeff, 0),

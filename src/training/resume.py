@@ -187,7 +187,7 @@ def restore_training_state(train_network, path, current=None, data=None):
     return steps_done, config, best
 
 
-def agree_across_ranks(local_path, output_dir, prefix, steps_per_epoch, param_names, gather):
+def agree_across_ranks(local_path, output_dir, prefix, *, steps_per_epoch, param_names, gather):
     """Make every rank resume from rank 0's choice (without a shared
     filesystem each host resolves ``auto`` in its own folder; a rank starting from scratch while
     others resume would hang the collectives): every rank must hold a usable file of that name.
@@ -357,8 +357,8 @@ def resume_checkpoint_path(train_network, *, resume_ckpt: str, output_dir: str, 
     if path == "auto":
         path = find_resume_checkpoint(output_dir, prefix, steps_per_epoch, names) or ""
     if device_num > 1:
-        path = agree_across_ranks(path, output_dir, prefix, steps_per_epoch, names,
-                                  all_gather_int)
+        path = agree_across_ranks(path, output_dir, prefix, steps_per_epoch=steps_per_epoch,
+                                  param_names=names, gather=all_gather_int)
     if resume_ckpt == "auto" and not path:
         log.info("resume_ckpt auto: no checkpoint in %s, starting from scratch", output_dir)
     return path
