@@ -5,21 +5,10 @@
 
 Reads top to bottom: config -> signals -> device -> output folder lock -> dataset -> network
 -> LR -> Model (loss, optimizer, TrainStep, EMA) -> resume -> the last checks, callbacks ->
-output folder (the first file written) -> training. Outputs in --output_dir: checkpoints,
-metrics.jsonl (one JSON line per epoch), config.yaml (the resolved config), class_names.txt,
-train.log. One run per folder: a second run into a folder in use fails at once, a fresh run
-refuses a folder holding another run's files (--resume_ckpt auto continues it; --overwrite
-true moves them aside); a run refused at start-up writes nothing there. Step by step (CPU)
-each epoch's data pipeline is seeded from (seed, epoch), so a run resumed with --resume_ckpt
-sees the same data as an uninterrupted one; in dataset sink mode (GPU/Ascend) one pipeline
-serves the whole run and one Model.train call compiles the graph once. SIGINT/SIGTERM save
-and stop (in data parallel every rank after the same step); a second Ctrl-C exits at once.
-Exit status: 0 done, 2 bad input, 3 non-finite loss or parameters, or more than
-max_overflow_fraction of the last 100 steps overflowed (loss scaling), 4 a checkpoint, record,
-log or config file could not be written (disk full, permission), 128 + signal number when
-stopped by SIGINT/SIGTERM (in data parallel on every rank, also those stopped with the
-signalled one). In data parallel every rank stops after the same step and exits with the same
-status, whichever rank stopped.
+output folder (the first file written) -> training. Outputs in --output_dir:
+docs/training.md#commands-and-outputs. One run per folder, resuming, stop signals and exit
+statuses (0 done, 2 bad input, 3 non-finite or overflowing, 4 a file not written, 128 +
+signal): docs/reliability.md.
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -29,7 +18,8 @@ import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exit
 import json
 import logging
 import os
-from dataclasses import dataclass
+
+import numpy as np
 
 from src.data.class_names import CLASS_NAMES_FILE, write_class_names
 from src.data.image_check import (
@@ -41,6 +31,7 @@ from src.deploy.report import plot_confusion
 from src.recipe import (
     TRAIN_SECTIONS,
     FineTuning,
+    TrainData,
     build_data,
     build_evaluator,
     build_network,
@@ -53,7 +44,12 @@ from src.recipe import (
     training_model,
     training_network,
 )
-from src.training.best import BestCheckpoint, EvalKeepingBest
+from src.training.best import (
+    BestCheckpoint,
+    EvalKeepingBest,
+    best_checkpoint_path,
+    confusion_at_best,
+)
 from src.training.callbacks import (
     OptimizerStepCallbacks,
     StepState,
@@ -61,25 +57,18 @@ from src.training.callbacks import (
     loss_value,
 )
 from src.training.evaluator import eval_shard
-from src.training.loop import TrainCallbacks, finish, train_run
+from src.training.loop import TrainCallbacks, finish, track_run_end, train_run
 from src.training.lr_schedule import LR_KEYS, create_lr
-from src.training.optimizer import layer_ids, layer_lr_scales
+from src.training.optimizer import lr_group_tags
 from src.training.output_dir import (
-    OutputDirLock,
+    lock_output_dir,
     move_branch_aside,
     prepare_output_dir,
     trim_records,
 )
 from src.training.precision import resolve_amp_level, resolve_loss_scale_type
 from src.training.profiler import ProfileSteps, parse_profile_steps
-from src.training.resume import (
-    agree_across_ranks,
-    branch_files,
-    find_resume_checkpoint,
-    folder_best,
-    restore_training_state,
-    resumable_names,
-)
+from src.training.resume import ResumedRun, resume_run
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
 from src.utils import device
@@ -89,9 +78,9 @@ from src.utils.checkpoint import (
     remove_stale_partials,
 )
 from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
-from src.utils.device import all_gather_int, init_distributed
-from src.utils.files import atomic_write_text, check_output_dir
+from src.utils.config import Config, parse_config
+from src.utils.device import init_distributed
+from src.utils.files import atomic_write_text
 from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
@@ -101,7 +90,7 @@ from src.utils.tracking import TensorBoardLog
 SECTIONS = TRAIN_SECTIONS
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """Train as configured by ``argv`` (default: the command line); returns the exit status
     (see the module docstring)."""
     # ---- config, signals (caught from here on), device ----
@@ -119,7 +108,7 @@ def main(argv=None):
                                          eval_settings=False), cfg.pre_trained)
     if cfg.benchmark_steps:
         return benchmark_training(cfg, device_num, log)
-    lock = lock_output_dir(cfg, rank, log)  # one run per folder, before anything is written
+    lock = lock_output_dir(cfg.output_dir, rank, log)  # one run per folder, before any write
 
     # ---- data: the training pipeline's shape, class names ----
     data = build_data(cfg, rank, device_num)
@@ -138,8 +127,12 @@ def main(argv=None):
                            device_num=device_num, log=log) if probe_end else None
 
     # ---- resume (the same recipe, step of the data and of the LR) ----
-    run = resume_run(cfg, model.train_network, data.steps_per_epoch, len(lr), device_num, log,
-                     data.train_images)
+    run = resume_run(model.train_network, resume_ckpt=cfg.resume_ckpt, output_dir=cfg.output_dir,
+                     prefix=cfg.net_name, run_config=dict(cfg, device_num=device_num),
+                     check_recipe=not cfg.resume_ignore_config, overwrite=cfg.overwrite,
+                     epoch_size=cfg.epoch_size, steps_per_epoch=data.steps_per_epoch,
+                     total_steps=len(lr), device_num=device_num, log=log,
+                     train_images=data.train_images)
     if probe_end and run.start_step >= probe_end:  # resumed after LP-FT's switch
         model = fine_tune(model, run.resume_path if run.start_step > probe_end else "")
 
@@ -150,16 +143,18 @@ def main(argv=None):
     callbacks = build_callbacks(cfg, run, data, model, net=net, ema=ema, lr=lr,
                                 global_batch=global_batch, amp_level=amp_level, stop=stop,
                                 rank=rank, log=log)
-    log = prepare_run_folder(cfg, run, data.class_names, rank, log, split)
-    log_run_summary(cfg, run, data.steps_per_epoch, global_batch, device_num, peak_lr, len(lr),
-                    amp_level, ema, log)
+    log = prepare_run_folder(cfg, run, class_names=data.class_names, rank=rank, log=log,
+                             split=split)
+    log_run_summary(cfg, run, steps_per_epoch=data.steps_per_epoch, global_batch=global_batch,
+                    device_num=device_num, peak_lr=peak_lr, total_steps=len(lr),
+                    amp_level=amp_level, ema=ema, log=log)
     log.info("dataset sink mode: %s", f"{sink_size} steps per call" if sink_size else "off")
 
     # ---- train: step by step (each epoch its own pipeline) or in sink calls (one pipeline) ----
     try:
         with readable_pipeline_errors():
             train_run(model, callbacks, train_plan(cfg, data, sink_size), run.start_step, stop,
-                      probe_end, fine_tune)
+                      probe_end=probe_end, fine_tune=fine_tune)
     except ImageFolderError as err:  # an image the decoder rejects (check_images false)
         raise ImageFolderError(f"{err}; last good checkpoint: "
                                f"{callbacks.saver.last_saved or run.resume_path or 'none'} (resume "
@@ -170,133 +165,24 @@ def main(argv=None):
         if callbacks.profiler:
             callbacks.profiler.close()  # analyses the steps recorded before a stop
     status = finish(callbacks, stop, len(lr), cfg.output_dir, log)
-    track_run_end(cfg, callbacks, run)
+    track_run_end(callbacks, cfg.output_dir, run.config)
     if lock:
         lock.release()
     return status
 
 
-def lock_output_dir(cfg, rank, log):
-    """Take the run's output folder (rank 0: the ranks share it and only rank 0 writes):
-    checked writable, then locked for the run (``OutputDirLock``), so a second run into it
-    fails at once. Returns the lock (None on other ranks).
-
-    Raises:
-        OutputDirError: If the folder is a file, not writable, or held by another run.
-    """
-    if rank != 0:
-        return None
-    check_output_dir(cfg.output_dir)
-    lock = OutputDirLock(cfg.output_dir)
-    ended = lock.acquire()
-    if ended:
-        log.info("output_dir %s: took over the lock of an ended run (host and process id "
-                 "%s)", cfg.output_dir, ended)
-    return lock
-
-
-@dataclass
-class ResumedRun:
-    """Where a run starts (``resume_run``).
-
-    Attributes:
-        resume_path (str): The checkpoint resumed, "" for a fresh start.
-        start_step (int): Optimizer steps done.
-        best (float or None): The best score stored in the checkpoint.
-        folder_best (float or None): For a run that continues its folder, the score stored
-            in its ``NET-best.ckpt`` (``BestCheckpoint.restore`` takes the higher).
-        config (dict): The run's config as stored in its checkpoints (with ``device_num``).
-        data (dict): The training data as stored in them: ``{"images", "steps_per_epoch"}``.
-        continues_here (bool): The checkpoint lies in ``output_dir``: this run continues
-            that folder's run.
-        later_files (list[str]): A resume from an earlier step than the folder's newest
-            checkpoint, with ``overwrite``: the files of the later steps, to move aside.
-    """
-
-    resume_path: str
-    start_step: int
-    best: object
-    folder_best: object
-    config: dict
-    data: dict
-    continues_here: bool
-    later_files: list
-
-
-def resume_run(cfg, train_network, steps_per_epoch, total_steps, device_num, log,
-               train_images=None):
-    """Restore the training state of ``resume_ckpt`` (if any) into ``train_network``.
-
-    Returns:
-        ResumedRun: Where the run starts and what it continues.
-
-    Raises:
-        ConfigError: If the checkpoint was trained with another recipe or on other data
-            (unless ``resume_ignore_config``), has already trained every step, or is older
-            than the folder's newest usable checkpoint (a branch; unless ``overwrite``).
-    """
-    run_config = dict(cfg, device_num=device_num)
-    data = {"images": train_images, "steps_per_epoch": steps_per_epoch}
-    start_step, best, folder_score, later = 0, None, None, []
-    resume_path = resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log)
-    if resume_path:
-        start_step, _, best = restore_training_state(
-            train_network, resume_path, None if cfg.resume_ignore_config else run_config,
-            None if train_images is None else data)
-        if start_step >= total_steps:
-            raise ConfigError(f"{resume_path} has already trained all {total_steps} steps of "
-                              f"epoch_size {cfg.epoch_size}")
-    continues_here = bool(resume_path) and in_folder(resume_path, cfg.output_dir)
-    if continues_here:
-        if cfg.resume_ckpt != "auto":  # auto takes the newest usable one: never a branch
-            later = branch_files(cfg.output_dir, cfg.net_name, resume_path, start_step,
-                                 steps_per_epoch, resumable_names(train_network),
-                                 cfg.overwrite)
-        best_path = os.path.join(cfg.output_dir, f"{cfg.net_name}-best.ckpt")
-        if best_path not in later:  # a best chosen after a crash, e.g. (auto falls back)
-            folder_score = folder_best(best_path)
-    return ResumedRun(resume_path=resume_path, start_step=start_step, best=best,
-                      folder_best=folder_score, config=run_config, data=data,
-                      continues_here=continues_here, later_files=later)
-
-
-def resume_checkpoint_path(cfg, train_network, steps_per_epoch, device_num, log):
-    """``resume_ckpt`` resolved to a path ("" to start from scratch): as given, or for
-    ``auto`` the newest usable checkpoint in ``output_dir``; in data parallel, rank 0's
-    choice, which every rank must hold."""
-    names = resumable_names(train_network)
-    path = cfg.resume_ckpt
-    if path == "auto":
-        path = find_resume_checkpoint(cfg.output_dir, cfg.net_name, steps_per_epoch, names) or ""
-    if device_num > 1:
-        path = agree_across_ranks(path, cfg.output_dir, cfg.net_name, steps_per_epoch, names,
-                                  all_gather_int)
-    if cfg.resume_ckpt == "auto" and not path:
-        log.info("resume_ckpt auto: no checkpoint in %s, starting from scratch", cfg.output_dir)
-    return path
-
-
-def in_folder(path, folder):
-    """Whether ``path`` lies directly in ``folder``."""
-    return os.path.isdir(folder) and os.path.samefile(os.path.dirname(os.path.abspath(path)),
-                                                      folder)
-
-
-def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
-    """One run per folder (rank 0 only: the other ranks write no files and may share the
-    folder, locked by ``lock_output_dir``): refuse or move aside another run's files (and,
-    for a resume from an older checkpoint with ``overwrite``, the later checkpoints and
-    records: ``move_branch_aside``), remove temporary files of saves that did not finish,
-    then write the resolved config, the class names and the ``val_split`` lists
-    (``src.recipe.record_run_images``). Returns the logger, now also writing ``train.log`` on
-    rank 0. Called once every check has passed (``split``:
-    ``src.recipe.run_split``'s result): a refused run leaves the folder as it was.
+def prepare_run_folder(cfg: Config, run: ResumedRun, *, class_names: list[str], rank: int,
+                       log: logging.Logger, split=None) -> logging.Logger:
+    """Make the output folder this run's, once every check has passed (a refused run leaves it
+    as it was): on rank 0 refuse or move aside another run's files, move a branch's later
+    files aside, remove unfinished saves and trim the records; then write the resolved
+    config, the class names and ``split``'s lists (``src.recipe.run_split``). Returns the
+    logger, on rank 0 now also writing ``train.log``.
 
     Raises:
         OutputDirError: If the folder holds another run's files.
         WriteError: If the config, class names or split lists cannot be written.
-        ConfigError: If a resumed run's split differs from its earlier one (when ``split``
-            is not given).
+        ConfigError: If a resumed run's split differs from its earlier one.
     """
     is_main = rank == 0
     moved = branched = None
@@ -329,8 +215,9 @@ def prepare_run_folder(cfg, run, class_names, rank, log, split=None):
     return log
 
 
-def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr, total_steps,
-                    amp_level, ema, log):
+def log_run_summary(cfg: Config, run: ResumedRun, *, steps_per_epoch: int, global_batch: int,
+                    device_num: int, peak_lr: float, total_steps: int, amp_level: str, ema,
+                    log: logging.Logger) -> None:
     """The run's batch, LR, precision and resume position, in the log."""
     accumulated = cfg.grad_accumulation_steps
     log.info("global batch %d (%d per device x %d devices%s): effective peak LR %.6g (base_lr "
@@ -355,35 +242,19 @@ def log_run_summary(cfg, run, steps_per_epoch, global_batch, device_num, peak_lr
                  run.start_step % steps_per_epoch, steps_per_epoch)
 
 
-def build_callbacks(cfg, run, data, model, *, net, ema, lr, global_batch, amp_level, stop, rank,
-                    log):
+def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net, ema,
+                    lr: np.ndarray, global_batch: int, amp_level: str, stop: StopSignals,
+                    rank: int, log: logging.Logger) -> TrainCallbacks:
     """The callbacks of ``Model.train``, in order: the step state first, then the ones that read
     it (signals, progress and metrics with the evaluator and the best checkpoint, checkpoints,
-    profiler).
-
-    Args:
-        cfg (Config): The resolved config.
-        run (ResumedRun): Where the run starts.
-        data (TrainData): The training data.
-        model (Model): The training ``Model`` (evaluated by ``run_eval``).
-        net (nn.Cell): The network being trained.
-        ema (WeightEma or None): Its weight EMA.
-        lr (numpy.ndarray): LR per optimizer step of the run.
-        global_batch (int): Images per optimizer step over all devices.
-        amp_level (str): The resolved AMP level.
-        stop (StopSignals): The run's signal handler.
-        rank (int): This process's data-parallel rank (0 writes the files).
-        log (logging.Logger): The run's logger.
-
-    Returns:
-        TrainCallbacks: ``state``, ``monitor``, ``saver``, ``profiler`` (or None) and ``all``
-        (the list).
+    profiler). ``model`` is the training ``Model`` (evaluated), ``net`` its network, ``ema``
+    its ``WeightEma`` or None, ``lr`` the per-step LR array; rank 0 writes the files.
     """
     is_main = rank == 0
     steps_per_epoch = data.steps_per_epoch
     evaluator = best = None
     if cfg.run_eval:
-        best = BestCheckpoint(os.path.join(cfg.output_dir, f"{cfg.net_name}-best.ckpt"),
+        best = BestCheckpoint(best_checkpoint_path(cfg.output_dir, cfg.net_name),
                               on_ema=cfg.best_on_ema and ema is not None, write=is_main)
         best.restore(run.best, run.folder_best)  # the checkpoints' best, not metrics.jsonl's
         shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
@@ -394,21 +265,29 @@ def build_callbacks(cfg, run, data, model, *, net, ema, lr, global_batch, amp_le
     tracker = (TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER),
                               purge_step=run.start_step + 1, logger=log)
                if cfg.tensorboard and is_main else None)
-    monitor = TrainMonitor(state, lr, global_batch, steps_per_epoch, cfg.log_interval,
-                           os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None,
-                           log, EvalKeepingBest(evaluator, best) if best is not None else None,
-                           cfg.eval_interval, tracker, lr_group_tags(cfg, net),
-                           confusion_at_best(tracker, evaluator, best, data.class_names))
+    records = os.path.join(cfg.output_dir, "metrics.jsonl") if is_main else None
+    lr_groups = lr_group_tags([p.name for p in net.get_parameters()], cfg.layer_decay,
+                              cfg.head_lr_scale)
+    monitor = TrainMonitor(
+        state, lr=lr, global_batch_size=global_batch, steps_per_epoch=steps_per_epoch,
+        log_interval=cfg.log_interval, metrics_path=records, logger=log,
+        evaluator=EvalKeepingBest(evaluator, best) if best is not None else None,
+        eval_interval=cfg.eval_interval, tracker=tracker, lr_groups=lr_groups,
+        after_eval=confusion_at_best(tracker, evaluator, best, data.class_names,
+                                     plot_confusion))
     prunable = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
                           run.start_step) if run.continues_here else []
-    saver = CheckpointSaver(state, stop, cfg.output_dir, cfg.net_name, steps_per_epoch, len(lr),
-                            json.dumps(run.config), cfg.save_checkpoint_epochs,
-                            cfg.save_checkpoint_steps, cfg.keep_checkpoint_max, prunable,
-                            write=is_main, best=best.score if best is not None else None,
+    saver = CheckpointSaver(state, stop, output_dir=cfg.output_dir, prefix=cfg.net_name,
+                            steps_per_epoch=steps_per_epoch, total_steps=len(lr),
+                            run_config=json.dumps(run.config),
+                            save_epochs=cfg.save_checkpoint_epochs,
+                            save_steps=cfg.save_checkpoint_steps, keep_max=cfg.keep_checkpoint_max,
+                            own_files=prunable, write=is_main,
+                            best=best.score if best is not None else None,
                             train_data=json.dumps(run.data))
     profile = parse_profile_steps(cfg.profile_steps)
-    profiler = ProfileSteps(state, *profile, os.path.join(cfg.output_dir, "profiler"), log,
-                            total_steps=len(lr)) if profile else None
+    profiler = ProfileSteps(state, *profile, output_dir=os.path.join(cfg.output_dir, "profiler"),
+                            logger=log, total_steps=len(lr)) if profile else None
     on_steps = [stop, monitor, saver] + ([profiler] if profiler else [])
     agreement = stop.watch(state)  # after the saver: failures agreed at each epoch end
     return TrainCallbacks(state=state, monitor=monitor, saver=saver, profiler=profiler,
@@ -416,53 +295,7 @@ def build_callbacks(cfg, run, data, model, *, net, ema, lr, global_batch, amp_le
                                agreement])
 
 
-def lr_group_tags(cfg, net):
-    """``{TensorBoard tag: LR multiple}`` of the layers whose LR is a multiple of the
-    scheduled one (``layer_decay``, ``head_lr_scale``; ``train/lr/layerNN``, NN the layer's
-    index, 0 = the stem, the last = ``fc``); empty without them."""
-    if cfg.layer_decay == 1.0 and cfg.head_lr_scale == 1.0:
-        return {}
-    names = [p.name for p in net.get_parameters()]
-    ids, _ = layer_ids(names)
-    return {f"train/lr/layer{ids[name]:02d}": scale
-            for name, scale in layer_lr_scales(names, cfg.layer_decay,
-                                               cfg.head_lr_scale).items()}
-
-
-def confusion_at_best(tracker, evaluator, best, class_names):
-    """``TrainMonitor``'s ``after_eval`` for TensorBoard: after an evaluation that set a new
-    best (``best``, a ``BestCheckpoint``), the chosen network's confusion matrix (kept by
-    ``evaluator``) as image ``eval/confusion_matrix`` (eval.py's ``--plot`` picture) at that
-    step; None without tracking or evaluation."""
-    if tracker is None or evaluator is None:
-        return None
-
-    def after_eval(step, epoch):
-        if best.is_new and evaluator.confusion is not None:
-            tracker.drawn_image("eval/confusion_matrix", step, lambda path: plot_confusion(
-                evaluator.confusion, class_names, path))
-    return after_eval
-
-
-def track_run_end(cfg, callbacks, run):
-    """TensorBoard at the end of a run: the resolved config as hyperparameters with the last
-    epoch record's numbers, then the file closed."""
-    tracker = callbacks.monitor.tracker
-    if tracker is None:
-        return
-    last = {}
-    records = os.path.join(cfg.output_dir, "metrics.jsonl")
-    if os.path.isfile(records):
-        with open(records, encoding="utf-8") as f:
-            lines = [line for line in f if line.strip()]
-        last = json.loads(lines[-1]) if lines else {}
-    metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
-                                                       "ema_top1") if key in last}
-    tracker.hparams(run.config, metrics, callbacks.state.global_step)
-    tracker.close()
-
-
-def benchmark_training(cfg, device_num, log):
+def benchmark_training(cfg: Config, device_num: int, log: logging.Logger) -> int:
     """``--benchmark_steps N``: N optimizer steps of the configured recipe on one synthetic
     batch of ``batch_size`` that stays on the device (``src.utils.throughput``), fed
     ``grad_accumulation_steps`` times per step; no dataset, no files. Returns 0."""

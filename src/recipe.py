@@ -37,6 +37,7 @@ from src.training.model import (
     resolve_allreduce_per,
     with_train_step,
 )
+from src.training.optimizer import HYPERPARAMETERS
 from src.training.output_dir import record_training_images
 from src.training.profiler import parse_profile_steps
 from src.training.resume import epoch_seed, restore_training_state
@@ -136,10 +137,11 @@ def resolve_sink_size(cfg: Config, steps_per_epoch: int) -> int:
 # ---- the training Model: loss, optimizer, TrainStep, EMA ----
 
 def optimizer_kwargs(cfg: Config) -> dict[str, Any]:
-    """Keywords of ``create_optimizer`` from the config (timm's ``optimizer_kwargs``)."""
-    return dict(optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, layer_decay=cfg.layer_decay,
-                head_lr_scale=cfg.head_lr_scale, trust_coeff=cfg.trust_coeff)
+    """Keywords of ``create_optimizer`` from the config (timm's ``optimizer_kwargs``): every
+    optimizer's hyperparameters (``HYPERPARAMETERS``), the chosen one takes its own."""
+    return dict(optimizer=cfg.optimizer, weight_decay=cfg.weight_decay,
+                layer_decay=cfg.layer_decay, head_lr_scale=cfg.head_lr_scale,
+                **{key: cfg[key] for key in HYPERPARAMETERS})
 
 
 def loss_kwargs(cfg: Config) -> dict[str, Any]:
@@ -270,7 +272,8 @@ def build_evaluator(cfg: Config, *, model: ms.train.Model, net: nn.Cell, ema: We
         ema_net = ms.amp.auto_mixed_precision(
             create_network(**network_kwargs(cfg)), amp_level)
         ema_model = eval_model(ema_net, amp_level, cfg.label_smoothing, cfg.class_num)
-    return Evaluator(model, shard, net, ema, ema_model, cfg.class_num, confusion_of)
+    return Evaluator(model, shard, net, ema=ema, ema_model=ema_model, class_num=cfg.class_num,
+                     confusion_of=confusion_of)
 
 
 # ---- the data ----
@@ -452,9 +455,9 @@ def record_run_images(cfg: Config, *, continues_here: bool, class_names: list[st
         log.warning("val_split %g not applied: eval_data_path %s is given and wins (every image "
                     "of data_path trains)", cfg.val_split, cfg.eval_data_path)
     split, changed = checked or run_split(cfg, continues_here, write)
-    record_training_images(cfg.output_dir, cfg.data_path, class_names, log, split,
-                           cfg.val_split, changed, write, for_eval=cfg.run_eval,
-                           suggest_balance=cfg.class_balance == "none")
+    record_training_images(cfg.output_dir, cfg.data_path, class_names, log, split=split,
+                           val_split=cfg.val_split, changed=changed, write=write,
+                           for_eval=cfg.run_eval, suggest_balance=cfg.class_balance == "none")
 
 
 def split_indices(cfg: Config) -> list[int] | None:

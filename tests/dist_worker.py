@@ -130,7 +130,7 @@ def train_through_an_overflow(args, rank):
     with_loss = ms.nn.WithLossCell(net, ms.nn.SoftmaxCrossEntropyWithLogits(
         sparse=False, reduction="mean"))
     step = TrainStep(with_loss, create_optimizer(net, 0.05, 0.875, 1 / 32768),
-                     ms.nn.DynamicLossScaleUpdateCell(OVERFLOW_SCALE, 2.0, 1000),
+                     scale_sense=ms.nn.DynamicLossScaleUpdateCell(OVERFLOW_SCALE, 2.0, 1000),
                      check_overflow=True)
     force_ascend_910b_check(step)
     step.set_train(True)

@@ -104,7 +104,7 @@ def test_a_signal_between_micro_batches_saves_after_the_optimizer_step(tmp_path)
     _, step = make_step()
     state = StepState(accumulation_steps=2)
     stop = StopSignals(log, exit_now=lambda status: None)
-    saver = CheckpointSaver(state, stop, str(tmp_path), "net", steps_per_epoch=10,
+    saver = CheckpointSaver(state, stop, output_dir=str(tmp_path), prefix="net", steps_per_epoch=10,
                             total_steps=20, keep_max=5)
     callbacks = [OptimizerStepCallbacks(state, [stop, saver])]
     cb = Params(net_outputs=None, train_network=step, cur_epoch_num=1)

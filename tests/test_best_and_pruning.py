@@ -72,7 +72,7 @@ def evaluator(tmp_path, best_on_ema):
     ema_model = eval_model(StandIn(), "O0", 0.1, 2)
     data = ds.NumpySlicesDataset({"image": POINTS, "label": LABELS}, shuffle=False).batch(3)
     best = str(tmp_path / "net-best.ckpt")
-    return EvalKeepingBest(Evaluator(model, EvalShard(data), net, ema, ema_model),
+    return EvalKeepingBest(Evaluator(model, EvalShard(data), net, ema=ema, ema_model=ema_model),
                            BestCheckpoint(best, on_ema=best_on_ema, write=True)), net, ema, best
 
 

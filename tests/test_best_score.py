@@ -47,8 +47,8 @@ def test_every_training_checkpoint_stores_the_best_score_and_eval_ignores_it(tmp
     state = StepState()
     best = BestCheckpoint(str(tmp_path / "net-best.ckpt"))
     best.restore({"top1": 0.51, "epoch": 2})
-    saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 20,
-                            best=best.score)
+    saver = CheckpointSaver(state, StopSignals(LOG), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=10, total_steps=20, best=best.score)
     state.global_step = 10
     saver.on_train_epoch_end(context(net))
     params = read_checkpoint(saver.last_saved)
@@ -113,8 +113,10 @@ def test_a_best_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
     (tmp_path / "blocked-best.ckpt" / "keep").mkdir(parents=True)  # a folder in its place
     evaluate = evaluator_scoring(tmp_path, [100, 200], "blocked-best.ckpt")
     state = StepState()
-    monitor = TrainMonitor(state, np.zeros(10, np.float32), 8, 10, 100,
-                           str(tmp_path / "metrics.jsonl"), LOG, evaluate)
+    monitor = TrainMonitor(state, lr=np.zeros(10, np.float32), global_batch_size=8,
+                           steps_per_epoch=10, log_interval=100,
+                           metrics_path=str(tmp_path / "metrics.jsonl"), logger=LOG,
+                           evaluator=evaluate)
     run = one_epoch(monitor, state)
     assert monitor.error.startswith(f"cannot write the best checkpoint {tmp_path}")
     assert state.failure == NOT_WRITTEN and run.get_stop_requested()  # train.py: exit 4
@@ -128,10 +130,11 @@ def test_a_best_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
 
 def test_a_step_save_on_an_epoch_s_last_step_waits_for_the_epoch_s_record(tmp_path):
     state = StepState()
-    monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 100,
-                           str(tmp_path / "metrics.jsonl"), LOG)
-    saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 20,
-                            save_epochs=100, save_steps=5)
+    monitor = TrainMonitor(state, lr=np.zeros(20, np.float32), global_batch_size=8,
+                           steps_per_epoch=10, log_interval=100,
+                           metrics_path=str(tmp_path / "metrics.jsonl"), logger=LOG)
+    saver = CheckpointSaver(state, StopSignals(LOG), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=10, total_steps=20, save_epochs=100, save_steps=5)
     run = context(nn.Dense(2, 2))
     monitor.on_train_begin(run)
     monitor.on_train_epoch_begin(run)
@@ -156,8 +159,9 @@ def test_a_record_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(files, "atomic_write_text", full_disk)
     state = StepState()
-    monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 100,
-                           str(tmp_path / "metrics.jsonl"), LOG)
+    monitor = TrainMonitor(state, lr=np.zeros(20, np.float32), global_batch_size=8,
+                           steps_per_epoch=10, log_interval=100,
+                           metrics_path=str(tmp_path / "metrics.jsonl"), logger=LOG)
     run = one_epoch(monitor, state)
     assert monitor.error.endswith("metrics.jsonl: No space left on device")
     assert run.get_stop_requested()

@@ -900,8 +900,8 @@ def test_every_rank_waits_for_rank0s_save_of_a_stop_and_learns_its_outcome(tmp_p
             return [mine, 0] if rank == 0 else [rank0_wrote, mine]
         stop = StopSignals(log, gather=gather)
         stop.received = "SIGTERM"  # as agreed at this step's exchange
-        return CheckpointSaver(StepState(start_step=7), stop, str(tmp_path), "net", 10, 100,
-                               write=rank == 0)
+        return CheckpointSaver(StepState(start_step=7), stop, output_dir=str(tmp_path),
+                               prefix="net", steps_per_epoch=10, total_steps=100, write=rank == 0)
 
     context = RunContext(Params(train_network=nn.Dense(2, 2)))
     writer = saver_of(0, None)

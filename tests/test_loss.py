@@ -161,18 +161,19 @@ def test_bce_target_threshold_binarizes(graph):
     target = soft_targets(12, 10, 11)
     thresh = 0.2
     assert 0 < (target > thresh).sum() < target.size
-    ours = float(run(BinaryCrossEntropy(0.1, 10, thresh, soft_targets=True), logits, target,
-                     graph))
+    ours = float(run(BinaryCrossEntropy(0.1, 10, target_threshold=thresh, soft_targets=True),
+                     logits, target, graph))
     # timm: target.gt(thresh).to(dtype)
     assert_bce_equals_references(ours, logits, (target > thresh).astype(np.float32))
     # strictly greater: a target equal to the threshold becomes 0 (timm's ``gt``)
     tie = np.array([[0.25, 0.25, 0.5, 0.0], [0.5, 0.25, 0.0, 0.25]], np.float32)
     tie_logits = logits[:2, :4]
-    got = float(run(BinaryCrossEntropy(0.0, 4, 0.25, soft_targets=True), tie_logits, tie, graph))
+    got = float(run(BinaryCrossEntropy(0.0, 4, target_threshold=0.25, soft_targets=True),
+                    tie_logits, tie, graph))
     assert got == pytest.approx(numpy_bce_with_logits(tie_logits, (tie > 0.25) * 1.0), rel=1e-6)
     # hard labels: smoothed on > thresh > off, so the targets are the plain one-hot again
     labels = rng.integers(0, 10, 12).astype(np.int32)
-    hard = float(run(BinaryCrossEntropy(0.1, 10, thresh), logits, labels, graph))
+    hard = float(run(BinaryCrossEntropy(0.1, 10, target_threshold=thresh), logits, labels, graph))
     assert hard == pytest.approx(numpy_bce_with_logits(logits, np.eye(10)[labels]), rel=1e-6)
 
 
@@ -180,8 +181,8 @@ def test_bce_threshold_none_or_zero_is_off_and_reduction_none():
     rng = np.random.default_rng(12)
     logits = rng.standard_normal((5, 4)).astype(np.float32)
     target = soft_targets(5, 4, 13)
-    off = [float(run(BinaryCrossEntropy(0.1, 4, t, soft_targets=True), logits, target, False))
-           for t in (None, 0.0)]
+    off = [float(run(BinaryCrossEntropy(0.1, 4, target_threshold=t, soft_targets=True), logits,
+                     target, False)) for t in (None, 0.0)]
     assert off[0] == off[1] == pytest.approx(numpy_bce_with_logits(logits, target), rel=1e-6)
     per_element = BinaryCrossEntropy(0.1, 4, soft_targets=True, reduction="none")(
         ms.Tensor(logits), ms.Tensor(target))
@@ -197,7 +198,7 @@ def test_bce_bad_arguments():
     with pytest.raises(ValueError, match="class_num"):
         BinaryCrossEntropy(0.1, 0)
     with pytest.raises(ValueError, match="target_threshold.*1.5"):
-        BinaryCrossEntropy(0.1, 10, 1.5)
+        BinaryCrossEntropy(0.1, 10, target_threshold=1.5)
 
 
 def test_create_loss_unknown_name_lists_valid_names():

@@ -53,8 +53,8 @@ def test_bad_step_counts_raise():
 
 def test_linear_scaling_with_global_batch():
     assert scale_lr(0.256, 2048, 256) == pytest.approx(2.048)
-    lr, peak = create_lr("cosine", 0.256, 256, global_batch_size=512, epoch_size=2,
-                         steps_per_epoch=5, warmup_epochs=1)
+    lr, peak = create_lr(lr_schedule="cosine", base_lr=0.256, base_lr_batch_size=256,
+                         global_batch_size=512, epoch_size=2, steps_per_epoch=5, warmup_epochs=1)
     assert peak == pytest.approx(0.512) and lr.shape == (10,) and lr.max() == pytest.approx(0.512)
 
 
@@ -91,8 +91,9 @@ def test_poly_equals_its_formula_at_every_step(warmup, end, power):
 def test_poly_without_warmup_and_through_create_lr():
     lr = warmup_poly_lr(2.0, 9, 0, end_lr=0.0, power=2.0)
     np.testing.assert_allclose(lr, [2.0 * (1 - t / 10) ** 2 for t in range(9)], rtol=1e-6)
-    lr, peak = create_lr("poly", 10.0, 4096, global_batch_size=8192, epoch_size=4,
-                         steps_per_epoch=10, warmup_epochs=1, lr_end=1e-4, lr_poly_power=3.0)
+    lr, peak = create_lr(lr_schedule="poly", base_lr=10.0, base_lr_batch_size=4096,
+                         global_batch_size=8192, epoch_size=4, steps_per_epoch=10, warmup_epochs=1,
+                         lr_end=1e-4, lr_poly_power=3.0)
     assert peak == pytest.approx(20.0)
     np.testing.assert_allclose(lr, warmup_poly_lr(20.0, 40, 10, 1e-4, 3.0), rtol=0)
     with pytest.raises(ValueError, match="lr_poly_power must be > 0, got 0"):

@@ -449,9 +449,8 @@ def test_lars_with_lr_groups_scales_each_step():
                "lr": ms.Tensor((LRS.astype(np.float64) * scales[keys[0]]).astype(np.float32))}
               for keys, wd in ((["dense.weight"], WD), (["dense.bias"], 0.0),
                                (["bn.gamma", "bn.beta"], 0.0))]
-    optimizer = OPTIMIZERS["lars"](groups + [{"order_params": net.trainable_params()}],
-                                   ms.Tensor(LRS), beta1=0.9, beta2=0.999, loss_scale=1.0,
-                                   **LARS_HYPER)
+    optimizer = OPTIMIZERS["lars"].build(groups + [{"order_params": net.trainable_params()}],
+                                         ms.Tensor(LRS), **LARS_HYPER)
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)
     try:

@@ -57,7 +57,8 @@ def dynamic_step(seed=0, clip=1.0, accumulation=2, optimizer="momentum"):
                                trust_coeff=0.02)
     with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=False,
                                                                       reduction="mean"))
-    step = TrainStep(with_loss, opt, nn.DynamicLossScaleUpdateCell(SCALE, SCALE_FACTOR, 1000),
+    step = TrainStep(with_loss, opt,
+                     scale_sense=nn.DynamicLossScaleUpdateCell(SCALE, SCALE_FACTOR, 1000),
                      check_overflow=True, grad_clip_norm=clip, accumulation_steps=accumulation,
                      ema=WeightEma(net, 0.9))
     force_ascend_910b_check(step)
@@ -259,8 +260,8 @@ def test_clipping_comes_after_unscaling(path):
         opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
         with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=False,
                                                                           reduction="sum"))
-        step = TrainStep(with_loss, opt, scale_sense, check_overflow, grad_clip_norm=1.0,
-                         accumulation_steps=2)
+        step = TrainStep(with_loss, opt, scale_sense=scale_sense, check_overflow=check_overflow,
+                         grad_clip_norm=1.0, accumulation_steps=2)
         if check_overflow:
             force_ascend_910b_check(step)
         step.set_train()

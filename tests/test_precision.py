@@ -36,18 +36,19 @@ def test_resolved_type(device, requested, expected):
 
 def test_dynamic_on_cpu_is_an_error_naming_the_key():
     with pytest.raises(ConfigError, match="loss_scale_type dynamic .* GPU and Ascend only"):
-        loss_scale_setup("O2", "CPU", 1024.0, "dynamic")
+        loss_scale_setup("O2", "CPU", 1024.0, loss_scale_type="dynamic")
 
 
 def test_setup_per_device():
     assert loss_scale_setup("O0", "GPU", 1024.0) == (None, False, "none")
     scale, check, kind = loss_scale_setup("O2", "CPU", 512.0)
     assert (float(scale.asnumpy()), check, kind) == (512.0, False, "fixed")
-    cell, check, kind = loss_scale_setup("O2", "GPU", 4096.0, "auto", 3.0, 7)
+    cell, check, kind = loss_scale_setup("O2", "GPU", 4096.0, loss_scale_type="auto",
+                                         scale_factor=3.0, scale_window=7)
     assert isinstance(cell, nn.DynamicLossScaleUpdateCell) and (check, kind) == (True, "dynamic")
     assert cell.get_loss_scale() == 4096.0
     assert float(cell.scale_factor.asnumpy()) == 3.0 and int(cell.scale_window.asnumpy()) == 7
-    cell, check, kind = loss_scale_setup("O2", "Ascend", 128.0, "fixed")
+    cell, check, kind = loss_scale_setup("O2", "Ascend", 128.0, loss_scale_type="fixed")
     assert isinstance(cell, nn.FixedLossScaleUpdateCell) and (check, kind) == (True, "fixed")
 
 
@@ -55,7 +56,8 @@ def test_dynamic_scale_shrinks_on_overflow_and_grows_after_the_window():
     """The configured factor and window reach MindSpore's update cell: an overflow divides
     the scale by the factor, ``scale_window`` clean steps multiply it."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    cell, _, _ = loss_scale_setup("O2", "GPU", 1024.0, "dynamic", 4.0, 3)
+    cell, _, _ = loss_scale_setup("O2", "GPU", 1024.0, loss_scale_type="dynamic", scale_factor=4.0,
+                                  scale_window=3)
     scale = ms.Parameter(ms.Tensor(1024.0, ms.float32), name="scale")
     values = []
     for overflow in (True, False, False, False, False):
@@ -71,7 +73,7 @@ def test_fixed_scale_on_cpu_trains_like_fp32():
     results = []
     for scale in (None, ms.Tensor(1024.0, ms.float32)):
         net, opt, with_loss = make()
-        step = TrainStep(with_loss, opt, scale)
+        step = TrainStep(with_loss, opt, scale_sense=scale)
         step.set_train()
         for image, label in data:
             step(image, label)
@@ -123,8 +125,9 @@ def test_overflow_fraction_counts_only_the_last_100_steps():
 def test_metrics_record_the_loss_scale_and_skipped_steps(tmp_path):
     state = StepState()
     metrics = tmp_path / "metrics.jsonl"
-    monitor = TrainMonitor(state, np.full(4, 0.1, np.float32), 8, 4, 100, str(metrics),
-                           logging.getLogger("test"))
+    monitor = TrainMonitor(state, lr=np.full(4, 0.1, np.float32), global_batch_size=8,
+                           steps_per_epoch=4, log_interval=100, metrics_path=str(metrics),
+                           logger=logging.getLogger("test"))
     context = run_steps(state, [True, False, False, True], [monitor])
     monitor.on_train_epoch_end(context)
     record = json.loads(metrics.read_text())

@@ -88,7 +88,7 @@ def train(folder, log, first, last, epochs=2, start_step=0, total_steps=None, st
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   nn.Momentum(net.trainable_params(), 0.01, 0.9))
     state = state or StepState(start_step)
-    prof = ProfileSteps(state, first, last, folder, log, total_steps=total_steps)
+    prof = ProfileSteps(state, first, last, output_dir=folder, logger=log, total_steps=total_steps)
     callbacks = [state, prof] + ([StopAtStep(state, stop_at)] if stop_at else [])
     for epoch in range(start_step // STEPS_PER_EPOCH, epochs):
         data = ds.NumpySlicesDataset({"image": images, "label": labels},
@@ -165,14 +165,15 @@ def test_resumed_run_inside_the_range_profiles_from_its_first_step_across_epochs
 
 def test_resumed_run_after_the_range_profiles_nothing(tmp_path, log, caplog):
     folder = str(tmp_path / "profiler")
-    prof = ProfileSteps(StepState(5), 2, 3, folder, log)
+    prof = ProfileSteps(StepState(5), 2, 3, output_dir=folder, logger=log)
     prof.close()
     assert prof.summary is None and not os.path.exists(folder)
     assert "this run starts at step 6, after the range: nothing is profiled" in caplog.text
 
 
 def test_range_past_the_run_is_cut_to_its_last_step(tmp_path, log, caplog):
-    prof = ProfileSteps(StepState(0), 4, 99, str(tmp_path / "profiler"), log, total_steps=6)
+    prof = ProfileSteps(StepState(0), 4, 99, output_dir=str(tmp_path / "profiler"), logger=log,
+                        total_steps=6)
     assert (prof.start_step, prof.last_step) == (4, 6)
     assert "the run has 6 optimizer steps, profiling up to step 6" in caplog.text
 

@@ -297,10 +297,11 @@ def test_overflowed_steps_are_counted_not_fatal(tmp_path):
         __getattr__ = dict.__getitem__
 
     state = StepState()
-    monitor = TrainMonitor(state, np.full(4, 0.1, np.float32), 8, 4, 100, None,
-                           logging.getLogger("t"))
-    saver = CheckpointSaver(state, StopSignals(logging.getLogger("t")), str(tmp_path), "net", 4,
-                            4)
+    monitor = TrainMonitor(state, lr=np.full(4, 0.1, np.float32), global_batch_size=8,
+                           steps_per_epoch=4, log_interval=100, metrics_path=None,
+                           logger=logging.getLogger("t"))
+    saver = CheckpointSaver(state, StopSignals(logging.getLogger("t")), output_dir=str(tmp_path),
+                            prefix="net", steps_per_epoch=4, total_steps=4)
     cb = Params(net_outputs=outputs(np.inf, True), cur_epoch_num=1)
     context = RunContext(cb)
     for callback in (state, monitor, saver):

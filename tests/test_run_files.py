@@ -70,8 +70,8 @@ def test_an_old_checkpoint_that_cannot_be_deleted_is_a_warning(tmp_path, monkeyp
 
     monkeypatch.setattr(os, "remove", remove)
     state = StepState()
-    saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 100,
-                            save_steps=2, keep_max=1)
+    saver = CheckpointSaver(state, StopSignals(LOG), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=10, total_steps=100, save_steps=2, keep_max=1)
     context = RunContext(Params(train_network=nn.Dense(2, 2), cur_epoch_num=1,
                                 net_outputs=None))
     with caplog.at_level(logging.WARNING):

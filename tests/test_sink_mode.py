@@ -100,7 +100,7 @@ def sunk_run(start_step, sink_size, steps_per_epoch=10, epoch_size=4, accumulati
     model = RecordingModel(state, steps_per_epoch, accumulation)
     plan = TrainPlan(epoch_size, steps_per_epoch, accumulation, sink_size, run_dataset=build)
     stop = StopSignals(logging.getLogger("test"))
-    train_in_sink_calls(model, cbs, plan, start_step, stop)
+    train_in_sink_calls(model, cbs, plan, start_step, stop=stop)
     return model.calls, built, state
 
 
@@ -146,8 +146,8 @@ def lp_ft_run(start_step, switch=20, sink_size=10, steps_per_epoch=10, epoch_siz
     state, cbs, built, build = recording_run(start_step)
     probe, tuned = RecordingModel(state, steps_per_epoch), RecordingModel(state, steps_per_epoch)
     plan = TrainPlan(epoch_size, steps_per_epoch, 1, sink_size, run_dataset=build)
-    train_run(probe, cbs, plan, start_step, StopSignals(logging.getLogger("test")), switch,
-              lambda model: tuned)
+    train_run(probe, cbs, plan, start_step, StopSignals(logging.getLogger("test")),
+              probe_end=switch, fine_tune=lambda model: tuned)
     return probe.calls, tuned.calls, built, state
 
 
@@ -216,9 +216,11 @@ def sink_run(tmp_path, total_calls, sink, save_steps, steps_per_epoch=10):
     state.set_call_size(sink)
     lr = np.full(steps_per_epoch * 2, 0.1, np.float32)
     metrics = str(tmp_path / "metrics.jsonl")
-    monitor = TrainMonitor(state, lr, 8, steps_per_epoch, 10, metrics, log)
-    saver = CheckpointSaver(state, StopSignals(log), str(tmp_path), "net", steps_per_epoch,
-                            len(lr), save_epochs=1, save_steps=save_steps, keep_max=50)
+    monitor = TrainMonitor(state, lr=lr, global_batch_size=8, steps_per_epoch=steps_per_epoch,
+                           log_interval=10, metrics_path=metrics, logger=log)
+    saver = CheckpointSaver(state, StopSignals(log), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=steps_per_epoch, total_steps=len(lr), save_epochs=1,
+                            save_steps=save_steps, keep_max=50)
     cb = Params(net_outputs=ms.Tensor(np.float32(1.5)), train_network=net, cur_epoch_num=1)
     context = RunContext(cb)
     callbacks = (state, monitor, saver)

@@ -110,8 +110,9 @@ def test_keep_checkpoint_max_prunes_only_files_this_run_wrote(tmp_path):
     earlier = tmp_path / checkpoint_name("net", 2, 10)  # the resumed run's own, before us
     write_file(earlier, "ours, before the resume")
     state = StepState(start_step=2)
-    saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 100,
-                            save_steps=2, keep_max=2, own_files=[str(earlier)])
+    saver = CheckpointSaver(state, StopSignals(LOG), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=10, total_steps=100, save_steps=2, keep_max=2,
+                            own_files=[str(earlier)])
     run_steps(state, saver, saver_context(nn.Dense(2, 2)), 6)  # saves at steps 4, 6, 8
     assert sorted(os.listdir(tmp_path)) == sorted(
         [foreign.name, checkpoint_name("net", 6, 10), checkpoint_name("net", 8, 10)])
@@ -122,8 +123,8 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch
     import src.training.saver
 
     state = StepState()
-    saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 100,
-                            save_steps=2)
+    saver = CheckpointSaver(state, StopSignals(LOG), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=10, total_steps=100, save_steps=2)
     context = saver_context(nn.Dense(2, 2))
     run_steps(state, saver, context, 2)
     good = saver.last_saved
@@ -142,8 +143,8 @@ def test_non_finite_parameters_are_not_saved_and_stop_the_run(tmp_path):
     net = nn.Dense(2, 2)
     net.weight.set_data(ms.Tensor(np.full((2, 2), np.nan, np.float32)))
     state = StepState()
-    saver = CheckpointSaver(state, StopSignals(LOG), str(tmp_path), "net", 10, 100,
-                            save_steps=1)
+    saver = CheckpointSaver(state, StopSignals(LOG), output_dir=str(tmp_path), prefix="net",
+                            steps_per_epoch=10, total_steps=100, save_steps=1)
     context = saver_context(net)
     run_steps(state, saver, context, 1)
     assert "non-finite parameters" in saver.error and context.get_stop_requested()
@@ -154,8 +155,10 @@ def test_finish_exit_status_names_the_last_good_checkpoint(tmp_path, caplog):
     from src.training.loop import TrainCallbacks, finish
 
     state, stop = StepState(start_step=7), StopSignals(LOG)
-    saver = CheckpointSaver(state, stop, str(tmp_path), "net", 10, 20)
-    monitor = TrainMonitor(state, np.zeros(20, np.float32), 8, 10, 1, None, LOG)
+    saver = CheckpointSaver(state, stop, output_dir=str(tmp_path), prefix="net", steps_per_epoch=10,
+                            total_steps=20)
+    monitor = TrainMonitor(state, lr=np.zeros(20, np.float32), global_batch_size=8,
+                           steps_per_epoch=10, log_interval=1, metrics_path=None, logger=LOG)
     cbs = TrainCallbacks(state=state, saver=saver, monitor=monitor)
     saver.error, saver.last_saved = "cannot write checkpoint x: disk full", "net-1_6.ckpt"
     with caplog.at_level(logging.INFO):
@@ -232,9 +235,9 @@ def agree(dirs, local_paths):
 
     def rank_main(rank):
         try:
-            results[rank] = agree_across_ranks(local_paths[rank], dirs[rank], "net", 10,
-                                               ["weight", "bias"],
-                                               lambda v: group.gather(rank, v))
+            results[rank] = agree_across_ranks(local_paths[rank], dirs[rank], "net",
+                                               steps_per_epoch=10, param_names=["weight", "bias"],
+                                               gather=lambda v: group.gather(rank, v))
         except ConfigError as err:
             results[rank] = err
 

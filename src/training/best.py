@@ -1,31 +1,28 @@
-"""The run's best checkpoint (``NET-best.ckpt``): which evaluation is the best, its weights
-written with their score, the score given to every periodic checkpoint and restored on resume.
-
-The one owner of "best", as timm's ``CheckpointSaver`` (``timm/utils/checkpoint_saver.py``)
-owns it; the evaluator (``src.training.evaluator``) only measures.
-"""
+"""The run's best checkpoint (``NET-best.ckpt``): which evaluation is the best, its
+weights written with their score, the score stored in every periodic checkpoint and restored
+on resume; the one owner of "best", as timm's ``CheckpointSaver``."""
 import json
+import os
+from collections.abc import Callable
 
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
 
 
-class BestCheckpoint:
-    """The best evaluation so far and its checkpoint.
+def best_checkpoint_path(output_dir: str, prefix: str) -> str:
+    """The run's best checkpoint: ``output_dir/PREFIX-best.ckpt``."""
+    return os.path.join(output_dir, f"{prefix}-best.ckpt")
 
-    The score is ``{"top1", "epoch"}``: the chosen metric's value (a fraction in [0, 1]) and
-    the 1-based epoch it was reached at. An evaluation is a new best when its chosen metric
-    is strictly higher than the best so far. The checkpoint holds the weights it was chosen
-    on under the network's parameter names, and its score under ``BEST_KEY`` (a resume
-    compares it). In data parallel every rank holds one, decides from the same summed numbers
-    (so the same), and only the one with ``write`` saves; a checkpoint that cannot be written
-    is recorded in ``error`` (``TrainMonitor`` then stops training, the ranks agree on it),
-    and nothing more is written.
+
+class BestCheckpoint:
+    """The best evaluation so far (``{"top1", "epoch"}``: the chosen metric, a
+    fraction, and its 1-based epoch; a new best is strictly higher) and its checkpoint, holding
+    the weights it was chosen on and the score under ``BEST_KEY``. In data parallel every rank
+    decides alike and only ``write`` saves; a failed write is kept in ``error`` (the run stops).
 
     Args:
-        path (str): Where the best checkpoint is written (atomically).
-        on_ema (bool): Choose by the weight EMA's top-1 (``ema_top1``) instead of the live
-            network's (``top1``); only with an EMA evaluated.
-        write (bool): Whether this process writes the checkpoint (rank 0).
+        path (str): Where the checkpoint is written (atomically).
+        on_ema (bool): Choose by ``ema_top1`` instead of ``top1``.
+        write (bool): This process writes (rank 0).
     """
 
     def __init__(self, path, on_ema=False, write=True):
@@ -42,12 +39,9 @@ class BestCheckpoint:
         return None if self.epoch is None else {"top1": self.top1, "epoch": self.epoch}
 
     def restore(self, stored, in_folder=None):
-        """Continue a resumed run from the higher of ``stored`` (the resumed checkpoint's
-        score, ``src.utils.checkpoint.stored_best``) and ``in_folder`` (the score of the best
-        checkpoint of the folder the run continues, ``src.training.resume.folder_best``;
-        ``stored`` on a tie), so a worse evaluation after a resume does not replace the best
-        checkpoint. Either may be None (nothing yet). Every rank reads the same files, so every
-        rank holds the same value."""
+        """Continue a resumed run from the higher of ``stored`` (the resumed
+        checkpoint's score) and ``in_folder`` (the folder's ``NET-best.ckpt``'s, ``folder_best``;
+        ``stored`` on a tie); either may be None."""
         best = stored
         if in_folder is not None and (stored is None
                                       or float(in_folder["top1"]) > float(stored["top1"])):
@@ -56,14 +50,9 @@ class BestCheckpoint:
             self.top1, self.epoch = float(best["top1"]), int(best["epoch"])
 
     def update(self, metrics, epoch, network):
-        """Take the evaluation after ``epoch`` (1-based): when ``metrics[self.metric]`` beats
-        the best, it becomes the best and ``network`` (the network that metric measured,
-        ``Evaluator.network``) is written with its score (by the writing process, unless an
-        earlier write failed).
-
-        Returns:
-            bool: Whether it is a new best (also in ``is_new``).
-        """
+        """Take the evaluation ``metrics`` after ``epoch`` (1-based): if
+        ``metrics[self.metric]`` beats the best, record it and save ``network`` (the one that metric
+        measured) unless an earlier write failed. Returns whether it is a new best (``is_new``)."""
         self.is_new = metrics[self.metric] > self.top1
         if self.is_new:
             self.top1, self.epoch = metrics[self.metric], epoch
@@ -72,9 +61,8 @@ class BestCheckpoint:
         return self.is_new
 
     def save(self, network):
-        """Write ``network`` with the score as the best checkpoint, atomically; a failure is
-        recorded in ``error``, not raised: in data parallel the other ranks must learn of it
-        in the ranks' agreement."""
+        """Write ``network`` with the score, atomically; a failure goes to
+        ``error`` (the ranks must agree on it), not raised."""
         try:
             atomic_save_checkpoint(network, self.path, {BEST_KEY: json.dumps(self.score())})
         except (OSError, RuntimeError) as err:
@@ -92,13 +80,8 @@ class BestCheckpoint:
 
 
 class EvalKeepingBest:
-    """``TrainMonitor``'s ``evaluator``: evaluate, let ``best`` take the result, return the
-    record's evaluation part (``BestCheckpoint.record``); ``error`` is ``best``'s.
-
-    Args:
-        evaluator (Evaluator): ``evaluator() -> metrics`` and ``network(metric)``.
-        best (BestCheckpoint): The best so far.
-    """
+    """``TrainMonitor``'s ``evaluator``: run ``evaluator`` (an ``Evaluator``), let
+    ``best`` take the result, return the record's evaluation part; ``error`` is ``best``'s."""
 
     def __init__(self, evaluator, best):
         self.evaluator, self.best = evaluator, best
@@ -112,3 +95,18 @@ class EvalKeepingBest:
     def error(self):
         """Why the best checkpoint could not be written, or None."""
         return self.best.error
+
+
+def confusion_at_best(tracker, evaluator, best: BestCheckpoint, class_names: list[str],
+                      plot: Callable) -> Callable[[int, int], None] | None:
+    """``TrainMonitor``'s ``after_eval``: after a new best, the chosen network's
+    confusion matrix drawn by ``plot(confusion, class_names, path)`` as TensorBoard image
+    ``eval/confusion_matrix``; None without ``tracker`` or ``evaluator``."""
+    if tracker is None or evaluator is None:
+        return None
+
+    def after_eval(step, epoch):
+        if best.is_new and evaluator.confusion is not None:
+            tracker.drawn_image("eval/confusion_matrix", step, lambda path: plot(
+                evaluator.confusion, class_names, path))
+    return after_eval

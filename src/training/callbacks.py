@@ -1,11 +1,6 @@
-"""Training callbacks: the per-step state and progress lines with the metrics file. The other
-callbacks have modules of their own: ``src.training.signals`` (stop signals),
-``src.training.saver`` (checkpoints); the evaluator is ``src.training.evaluator`` and the
-best checkpoint ``src.training.best``.
-
-``Model.train`` calls callbacks in list order: ``StepState`` goes first, so the monitor and
-the saver read the step it has just classified (the loss is read from the device once).
-"""
+"""Training callbacks: the per-step state (``StepState``, listed first: the others read the
+step it classified) and the progress lines with the metrics file (``TrainMonitor``). Signals,
+checkpoints, evaluation and the best checkpoint have modules of their own."""
 import collections
 import json
 import logging
@@ -73,47 +68,12 @@ def _overflow_counter(cb_params):
 
 
 class StepState(Callback):
-    """The one owner of the per-step state: global step, the step's status and loss, the
-    count of overflowed steps and the loss scale, and why training must stop (a non-finite
-    loss, too many overflowed steps). Listed first among the callbacks; ``TrainMonitor`` and
-    ``CheckpointSaver`` read it.
-
-    A non-finite loss in fp32 requests a stop (``nonfinite_step`` says where). An overflowed
-    step under loss scaling (GPU/Ascend) is skipped by the training cell and counted.
-
-    Steps are optimizer steps. ``Model`` counts its own steps (calls of the training cell):
-    with gradient accumulation (``accumulation_steps`` k) an optimizer step is k of them,
-    and a call of the callbacks that ends none (``step_ended`` False) changes nothing here;
-    ``OptimizerStepCallbacks`` hides such calls from the callbacks after this one. In dataset
-    sink mode one call of the callbacks covers ``steps_per_call`` optimizer steps (train.py
-    sets the call's size in ``Model`` steps with ``set_call_size`` before each
-    ``Model.train``); the loss, the overflow flag (so ``status``) and the loss scale are those
-    of the call's last step (with accumulation the loss is the mean over the last optimizer
-    step's micro-batches).
-
-    Overflowed steps are counted in steps, not calls: ``TrainStep`` counts them on the device
-    (its parameter ``overflow_count``, restored on resume). The counter is read at train
-    begin (the baseline: a resumed run does not count the restored overflows again) and
-    after every call; the difference is the number of the call's steps that overflowed.
-    With a training cell that has no such counter only the last step's flag is known: an
-    overflowed call counts as one overflowed step (exact one step at a time only).
-
-    The stop: when more than ``max_overflow_fraction`` of the last ``OVERFLOW_WINDOW`` steps
-    overflowed, nothing is being trained: ``overflow_stop`` says so and a stop is requested.
-    Which steps of a call overflowed is not known, only how many, so the window is made of
-    whole calls: the newest calls that together cover at least ``OVERFLOW_WINDOW`` steps.
-    One step at a time that is exactly the last 100 steps; with calls of 100 steps or more
-    (e.g. a sink call of a whole 625-step epoch) it is the last call alone, so the stop comes
-    at the end of the first call in which more than the fraction of its steps overflowed.
-    No stop before the window holds ``OVERFLOW_WINDOW`` steps seen by this process.
-
-    Every reason to stop goes through ``fail`` (a ``STOP_REASONS`` code): the non-finite loss
-    and the overflow stop here, a file not written or non-finite parameters from
-    ``TrainMonitor`` and ``CheckpointSaver``. In one process the stop is requested at once. In
-    data parallel (``agreed``, set by ``StopSignals``) nothing is requested alone: a rank that
-    stopped while the others go on would leave them waiting in the next collective, so the
-    ranks agree on the stop (``StopSignals`` exchanges ``failure``; ``stopped_by`` is the
-    outcome, the same on every rank) and all stop after the same step.
+    """The one owner of the per-step state: global step (optimizer steps), the step's
+    status and loss, the overflowed steps and the loss scale, and why training must stop. A
+    non-finite loss or more than ``max_overflow_fraction`` of the last ``OVERFLOW_WINDOW`` steps
+    overflowed requests a stop; every reason goes through ``fail`` (a ``STOP_REASONS`` code), and
+    in data parallel (``agreed``) the ranks agree on it first (``StopSignals``). How calls of
+    sink mode and gradient accumulation are counted: docs/reliability.md#step-state-and-stops.
 
     Args:
         start_step (int): Optimizer steps already done (resumed runs).
@@ -225,20 +185,15 @@ class StepState(Callback):
 
 
 class OptimizerStepCallbacks(Callback):
-    """Runs ``callbacks`` on optimizer steps: their step hooks see only the calls that begin
-    (``on_train_step_begin``) or end (``on_train_step_end``) an optimizer step, so with
-    gradient accumulation (k ``Model`` steps per optimizer step) progress lines, checkpoints,
-    signal stops and profiled ranges fall between optimizer steps, never inside one (where
-    the accumulated gradients would be lost). Every other hook is passed on as it comes.
-    Listed right after ``StepState``, which says where each call stands; with k = 1 every
-    call is passed on.
+    """Runs ``callbacks``' step hooks only on the calls that begin or end
+    an optimizer step, so with gradient accumulation nothing (a line, a checkpoint, a stop, a
+    profiled range) falls inside one; other hooks pass as they come. Listed after ``StepState``.
 
     Args:
         state (StepState): The per-step state.
         callbacks (list[Callback]): Called in this order.
-        every_call (list[callable]): Called without arguments at the begin and end of every
-            call, before the callbacks (``StopSignals.install``: the signal handlers are put
-            back around every call, micro-batches included).
+        every_call (list[callable]): Called at the begin and end of every call first
+            (``StopSignals.install``).
     """
 
     def __init__(self, state, callbacks, every_call=()):
@@ -283,47 +238,16 @@ EPOCH_TAGS = {"loss": "epoch/train_loss", "lr": "epoch/lr", "img_per_s": "epoch/
 
 
 class TrainMonitor(Callback):
-    """Progress lines every ``log_interval`` steps and one JSON line per epoch.
+    """Progress lines every ``log_interval`` steps and one JSON record per finished
+    epoch in ``metrics_path`` (None: none; fields: docs/training.md#commands-and-outputs), with
+    ``evaluator(epoch)``'s numbers (``EvalKeepingBest``) after every ``eval_interval`` epochs and
+    the last, then ``after_eval(step, epoch)``. ``lr`` is the per-step LR array,
+    ``global_batch_size`` the images per step over all devices; ``tracker`` (a
+    ``TensorBoardLog``) also gets the numbers (``EPOCH_TAGS``) and ``lr_groups`` ``{tag:
+    multiple}``'s LRs. A record, line or best checkpoint not written stops training
+    (``StepState.fail``, ``error``); records are written atomically."""
 
-    Step line: epoch, step in epoch, global step, loss, LR, img/s (global, over all
-    devices), ETA. Epoch line in ``metrics_path`` (JSON Lines): epoch, global step, mean loss,
-    last LR, epoch time in seconds, img/s, overflowed steps and the loss scale (loss
-    scaling), and top1/top5/eval_loss (ema_top1/ema_top5/ema_eval_loss with an EMA) when an
-    evaluator runs. Epochs cut
-    short (signal, non-finite loss) get no line. In dataset sink mode a line is printed after
-    each sink call that reaches a multiple of ``log_interval`` (img/s over the sink calls since
-    the last line), and the epoch's loss is the mean of each call's last step.
-
-    Args:
-        state (StepState): The per-step state, updated before this callback runs.
-        lr (numpy.ndarray): The per-step LR array given to the optimizer.
-        global_batch_size (int): Images per step over all devices.
-        steps_per_epoch (int): Steps in one epoch.
-        log_interval (int): Steps between progress lines.
-        metrics_path (str, optional): JSON Lines file; None to write none (non-zero ranks).
-        logger (logging.Logger): Where lines go.
-        evaluator (callable, optional): ``evaluator(epoch) -> dict`` run after each
-            ``eval_interval`` epochs and after the last one (train.py's is
-            ``src.training.best.EvalKeepingBest``); its ``error``, if it has one, says why the
-            best checkpoint could not be written.
-        eval_interval (int): Epochs between evaluations.
-        tracker (TensorBoardLog, optional): Also gets each progress line's values (tags
-            ``train/loss``, ``train/lr``, ``train/img_per_s``, with loss scaling
-            ``train/loss_scale`` and ``train/overflow_steps``) and each epoch record's
-            (``EPOCH_TAGS``), at the global optimizer step (``src.utils.tracking``).
-        lr_groups (dict, optional): ``{tag: multiple}`` of parameter groups whose LR is the
-            scheduled one times a multiple (layer decay): each logged as its own tag.
-        after_eval (callable, optional): ``after_eval(step, epoch)``, called after each
-            evaluation's record is logged (the confusion-matrix picture at a new best).
-
-    A record, a log line or the best checkpoint that cannot be written (disk full)
-    stops training (``StepState.fail``): ``error`` says which file and why (train.py then
-    exits 4 naming the last good checkpoint). Each record is
-    written atomically (the file is rewritten through a temporary file), so a failed write
-    leaves the earlier records whole.
-    """
-
-    def __init__(self, state, lr, global_batch_size, steps_per_epoch, log_interval,
+    def __init__(self, state, *, lr, global_batch_size, steps_per_epoch, log_interval,
                  metrics_path, logger, evaluator=None, eval_interval=1, tracker=None,
                  lr_groups=None, after_eval=None):
         super().__init__()
@@ -433,14 +357,8 @@ def _hms(seconds):
 
 
 class StopAtStep(Callback):
-    """Stop ``Model.train`` once the global step reaches ``step`` (the step-by-step head of a
-    sink-mode run resumed off a call boundary). Listed after ``StepState``, whose count it
-    reads.
-
-    Args:
-        state (StepState): The per-step state.
-        step (int): Global step (optimizer steps) after which training stops.
-    """
+    """Stop ``Model.train`` once ``state``'s global step reaches ``step`` (the step-by-step
+    head of a sink-mode run resumed off a call boundary). Listed after ``StepState``."""
 
     def __init__(self, state, step):
         super().__init__()

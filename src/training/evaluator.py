@@ -1,15 +1,6 @@
-"""The evaluator run at the end of training epochs: top-1/top-5 and the mean eval loss of the
-live network (and of its weight EMA). The best checkpoint is ``src.training.best``'s.
-
-In data-parallel training every rank evaluates its own shard of the eval set and the counts
-(correct top-1, correct top-5, images; the loss sums) are summed over the ranks once the shards
-are done (no collective inside the eval graph), so every image counts exactly once and every
-rank computes the same top-1 (so takes the same "best" decision; only rank 0 writes the best
-checkpoint).
-The ranks hold the same weights but their own BatchNorm statistics (each updates them from its
-own batches); they evaluate with rank 0's, the statistics of the checkpoints rank 0 writes, so
-the top-1 reported is that of the saved weights (``eval.py`` on them gives the same figure).
-"""
+"""The evaluator of training epochs: top-1/top-5 and mean eval loss of the live network
+(and its weight EMA); in data parallel each rank evaluates its shard with rank 0's BatchNorm
+statistics and the counts are summed. See docs/training.md#evaluation-during-training."""
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,21 +16,11 @@ from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks, sum_over
 
 
 class EvalShard(NamedTuple):
-    """This process's part of the eval set.
-
-    Attributes:
-        dataset (mindspore.dataset.Dataset): Batches of ``image`` float32 (N, 3, H, W) and
-            ``label`` int32 (N,), N the per-device batch (the last batch may be smaller).
-        image_count (int, optional): The images of this shard: its first ``image_count``
-            rows; the rows after them are the sampler's padding (copies of other shards'
-            images), not counted. None: every row counts (one process).
-        sum_over_ranks (callable, optional): ``list[int] -> list[int]``, summed over the ranks
-            (``src.utils.device.sum_ints_over_ranks``); None in one process.
-        broadcast (callable, optional): ``list[ndarray] -> list[ndarray]``, rank 0's arrays
-            on every rank (``src.utils.device.broadcast_from_rank0``); None in one process.
-        sum_arrays (callable, optional): float32 ``ndarray -> ndarray`` summed element-wise
-            over the ranks (``src.utils.device.sum_over_ranks``); None in one process.
-    """
+    """This process's part of the eval set: ``dataset`` (``image`` float32 (N, 3, H, W),
+    ``label`` int32 (N,), N per device), ``image_count`` (its own rows first; the rest is the
+    sampler's padding; None = all count) and the collectives that combine the shards
+    (``src.utils.device``'s ``sum_ints_over_ranks``, ``broadcast_from_rank0``,
+    ``sum_over_ranks``; None in one process)."""
 
     dataset: object
     image_count: int | None = None
@@ -49,35 +30,20 @@ class EvalShard(NamedTuple):
 
 
 def shard_rows(total, num_shards, shard_id):
-    """How MindSpore's ``DistributedSampler`` (``num_shards``/``shard_id`` of a dataset, no
-    shuffling) splits ``total`` images: shard ``s`` reads images ``s, s + num_shards, ...``,
-    then pads with images from the start so that every shard has the same row count.
-
-    Returns:
-        tuple(int, int): (images of this shard, rows it reads): its first ``images`` rows are
-        its own images, the remaining ``rows - images`` (0 or 1) are padding.
-    """
+    """(images of shard ``shard_id``, rows it reads) when MindSpore's
+    ``DistributedSampler`` splits ``total`` images unshuffled: shard s reads s, s + num_shards,
+    ..., padded from the start to the same row count."""
     return len(range(shard_id, total, num_shards)), math.ceil(total / num_shards)
 
 
 def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
-    """The eval set of this process: all of it, or in data parallel (``num_shards`` > 1) the
-    shard ``shard_id``, with the count of its own images and the collectives that combine the
-    shards' results.
-
-    Args:
-        data_path (str): Eval folder (as ``create_dataset``).
-        data_args (dict): ``create_dataset`` keyword arguments (``settings``, ``dataset``,
-            ``batch_size`` per device, ...), ``sampling`` without the shards.
-        num_shards (int, optional): Number of ranks.
-        shard_id (int, optional): This rank.
-
-    Returns:
-        EvalShard: For ``Evaluator``.
+    """The eval set of this process: all of ``data_path``, or in data parallel
+    (``num_shards`` > 1) shard ``shard_id`` with its image count and collectives.
+    ``data_args``: ``create_dataset``'s keywords (``settings``, ``batch_size`` per device, ...;
+    ``sampling`` without the shards).
 
     Raises:
-        RuntimeError: If the sharded dataset does not have the rows ``shard_rows`` expects
-            (a MindSpore whose sampler shards otherwise: the count would be wrong).
+        RuntimeError: If the sharded dataset has other rows than ``shard_rows`` expects.
     """
     if not num_shards or num_shards == 1:
         return EvalShard(create_dataset(data_path, **data_args))
@@ -97,17 +63,9 @@ def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
 
 
 class EvalCounts(NamedTuple):
-    """What one network's evaluation on one shard (or, summed, on every shard) counted.
-
-    Attributes:
-        top1 (int): Images whose top-1 prediction is the label.
-        topk (int): Images whose label is among the top-k predictions.
-        images (int): Images counted.
-        loss_sum (float): Sum over the images counted of the eval cell's per-image loss (the
-            training label smoothing's cross-entropy, as eval.py), for the mean eval loss.
-        confusion (numpy.ndarray, optional): int64 (K, K), row = true class, column = top-1
-            prediction (``src.deploy.report.ClassReport``'s layout); None when not kept.
-    """
+    """What one network's evaluation counted on a shard (or summed over the shards):
+    correct top-1 and top-k images, images, the sum of per-image eval losses, and the int64
+    (K, K) confusion matrix (row = true class, column = top-1; None when not kept)."""
 
     top1: int
     topk: int
@@ -117,20 +75,10 @@ class EvalCounts(NamedTuple):
 
 
 class TopKCounter(Callback):
-    """``Model.eval`` callback counting correct top-1 and top-k predictions, as MindSpore's
-    ``TopKCategoricalAccuracy`` decides them, and summing the per-image loss, over the first
-    ``limit`` rows evaluated; with ``class_num``, also the top-1 confusion matrix.
-
-    Reads each step's network outputs ``(loss (N,), logits (N, C), label (N,))``, as the eval
-    cells of ``src.training.model`` give them (the loss per image, not reduced). It stands in
-    for the ``Model``'s own metrics (``classification_metrics``, which ``Model.eval`` requires
-    but which count every row): a data-parallel shard's padding rows must not count.
-
-    Args:
-        limit (int, optional): Rows counted (the shard's own images); None for all.
-        k (int): Top-k (capped at the class count).
-        class_num (int, optional): K, to keep the (K, K) confusion matrix; None: not kept.
-    """
+    """``Model.eval`` callback counting correct top-1 and top-k (as MindSpore's
+    ``TopKCategoricalAccuracy``) and summing the per-image loss over the first ``limit`` rows
+    (a shard's padding must not count), with ``class_num`` also the confusion matrix. Reads each
+    step's ``(loss (N,), logits (N, C), label (N,))`` (``src.training.model``'s eval cells)."""
 
     def __init__(self, limit=None, k=5, class_num=None):
         super().__init__()
@@ -164,31 +112,13 @@ class TopKCounter(Callback):
 
 
 class Evaluator:
-    """Evaluate the network being trained (and its weight EMA) on a dataset: top-1, top-5 and
-    the mean eval loss. Which evaluation is the best, and its checkpoint, is
-    ``src.training.best.BestCheckpoint``'s.
+    """Evaluate the network being trained, ``net`` through ``model`` (outputs
+    ``(loss, logits, label)``), and with ``ema`` its weight EMA through ``ema_model`` (a twin that
+    gets the averages first) on ``shard``: top-1, top-5, mean eval loss, the same on every rank.
+    ``confusion_of`` ("top1" or "ema_top1", with ``class_num``) keeps that network's confusion
+    matrix of each evaluation in ``confusion``."""
 
-    In data parallel (``shard`` with collectives) every rank must call the evaluator at the
-    same points: each evaluates its shard with rank 0's BatchNorm statistics (its own are put
-    back afterwards, so evaluating does not change training) and the counts are summed over
-    the ranks, so every rank returns the same numbers.
-
-    Args:
-        model (mindspore.train.Model): Evaluates the live network; its eval network gives
-            ``(loss, logits, label)``.
-        shard (EvalShard): The eval set of this process (``eval_shard``).
-        net (nn.Cell): The network being trained.
-        ema (WeightEma, optional): Its weight EMA (``src.training.train_step``).
-        ema_model (mindspore.train.Model, optional): Evaluates a second network of the same
-            architecture, into which the averages are copied before each evaluation.
-        class_num (int, optional): K, needed with ``confusion_of``.
-        confusion_of (str, optional): ``"top1"`` (the live network) or ``"ema_top1"`` (the
-            EMA's): keep that network's (K, K) confusion matrix of each evaluation in
-            ``confusion`` (for TensorBoard's picture at the best); None: none kept. Every
-            rank must pass the same value (the matrices are summed over the ranks).
-    """
-
-    def __init__(self, model, shard, net, ema=None, ema_model=None, class_num=None,
+    def __init__(self, model, shard, net, *, ema=None, ema_model=None, class_num=None,
                  confusion_of=None):
         self.model, self.shard, self.net = model, shard, net
         self.class_num = class_num
@@ -210,10 +140,9 @@ class Evaluator:
         return counter.counts()
 
     def combine(self, runs):
-        """``runs`` (this shard's ``EvalCounts``, one per network evaluated) summed over the
-        ranks: the counts exactly (``sum_over_ranks``), the loss sums and confusion matrices in
-        one float32 all-reduce (``sum_arrays``; a count is exact there below 2**24 images).
-        Unchanged in one process."""
+        """``runs`` (this shard's ``EvalCounts``, one per network) summed over the ranks:
+        counts exactly, loss sums and confusion matrices in one float32 all-reduce (exact
+        below 2**24 images); unchanged in one process."""
         if self.shard.sum_over_ranks is None:
             return runs
         ints = self.shard.sum_over_ranks([v for c in runs for v in c[:3]])
@@ -250,11 +179,9 @@ class Evaluator:
         return changed
 
     def __call__(self):
-        """Evaluate the network(s) as they are now. Returns
-        {"top1", "top5", "eval_loss"[, "ema_top1", "ema_top5", "ema_eval_loss"],
-        "eval_images"} (over all ranks; the losses are means per image). With
-        ``confusion_of``, ``confusion`` then holds that network's confusion matrix of this
-        evaluation."""
+        """Evaluate the network(s) now: ``{"top1", "top5", "eval_loss"[, "ema_top1",
+        "ema_top5", "ema_eval_loss"], "eval_images"}`` over all ranks (losses per image); with
+        ``confusion_of`` also sets ``confusion``."""
         changed = self.rank0_statistics(self.net)
         try:
             runs = [self.count(self.model, self.confusion_of == "top1")]

@@ -2,13 +2,14 @@
 lifetime), an earlier run moved aside (never deleted) only when asked."""
 import glob
 import json
+import logging
 import os
 import time
 
 from src.data.sampling import class_count_summary, class_counts
 from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE, training_labels, write_split_files
 from src.utils.errors import OutputDirError
-from src.utils.files import FileLock, atomic_write_text
+from src.utils.files import FileLock, atomic_write_text, check_output_dir
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 
 RECORDS = "metrics.jsonl"
@@ -45,12 +46,8 @@ def records_after(output_dir, done_steps):
 
 
 def trim_records(output_dir, done_steps):
-    """Drop the ``metrics.jsonl`` records of steps after ``done_steps`` (a resumed run's
-    checkpoint): a run killed between an epoch's record and its checkpoint trains that epoch
-    again and writes its record again; the checkpoint is the truth. Rewritten atomically.
-
-    Returns:
-        int: Records dropped.
+    """Drop the ``metrics.jsonl`` records of steps after ``done_steps`` (the resumed
+    checkpoint's: the checkpoint is the truth), rewriting the file atomically; returns how many.
 
     Raises:
         WriteError: If the file cannot be rewritten.
@@ -74,23 +71,14 @@ def _record_step(line):
 
 
 def prepare_output_dir(output_dir, starts_fresh, overwrite, resume_auto=False):
-    """Create ``output_dir``; for a run that starts from step 0, make sure it holds no other
-    run's checkpoints or records.
-
-    Args:
-        output_dir (str): The run's folder.
-        starts_fresh (bool): The run starts from step 0 (no checkpoint to resume from).
-        overwrite (bool): Move an earlier run's files into ``previous_run_<time>/`` inside
-            ``output_dir`` instead of refusing. Nothing is ever deleted.
-        resume_auto (bool): The run was asked to resume (``--resume_ckpt auto``) and found no
-            usable checkpoint: the refusal says there is nothing to resume.
-
-    Returns:
-        str or None: the folder the earlier run's files were moved to, if any.
+    """Create ``output_dir``; for a run that ``starts_fresh`` (step 0) refuse
+    an earlier run's checkpoints or records in it, or with ``overwrite`` move them into a new
+    ``previous_run_<time>/`` inside it (nothing is deleted) and return that folder (else None).
+    ``resume_auto``: the refusal says ``--resume_ckpt auto`` found nothing to resume.
 
     Raises:
-        OutputDirError: If a fresh run would mix with an earlier run's files (names the
-            folder and the ways out), or the folder cannot be created.
+        OutputDirError: For another run's files without ``overwrite`` (names the ways out), or
+            a folder that cannot be created.
     """
     try:
         os.makedirs(output_dir, exist_ok=True)
@@ -131,14 +119,10 @@ def _moved_folder(output_dir):
 
 
 def move_branch_aside(output_dir, later_files, done_steps):
-    """A run resumed from an earlier step than its newest checkpoint, with ``--overwrite``:
-    move the files of its steps after ``done_steps`` (``later_files``: the later checkpoints,
-    and ``NET-best.ckpt`` when chosen after that step) and its records after that step (into
-    a ``metrics.jsonl`` of their own) into a new ``previous_run_<time>`` folder inside
-    ``output_dir``; the records up to the step stay. Nothing is deleted.
-
-    Returns:
-        str: the folder.
+    """With ``--overwrite``, for a run resumed before its newest checkpoint:
+    move ``later_files`` (later checkpoints, a later ``NET-best.ckpt``) and the records after
+    ``done_steps`` (as a ``metrics.jsonl`` of their own) into a new ``previous_run_<time>``
+    folder inside ``output_dir``, and return it.
 
     Raises:
         WriteError: If the records cannot be written or rewritten.
@@ -184,26 +168,14 @@ class OutputDirLock(FileLock):
         return super().acquire()
 
 
-def record_training_images(output_dir, data_path, class_names, log, split=None, val_split=0.0,
+def record_training_images(output_dir, data_path, class_names, log, *, split=None, val_split=0.0,
                            changed=(), write=True, for_eval=False, suggest_balance=False):
-    """The training images of a class-folder run, in the log and the output folder: with a
-    ``val_split`` (``split``) the two parts' file lists written into ``output_dir`` (if
-    ``write``: ``TRAIN_SPLIT_FILE`` and ``VAL_SPLIT_FILE``) and a line of their sizes; then the
-    training images per class (one line; a warning when the largest class has more than
-    ``IMBALANCE_WARNING`` times the images of the smallest).
-
-    Args:
-        output_dir (str): The run's folder.
-        data_path (str): The class-folder root.
-        class_names (list[str]): The class names, in label order.
-        log (logging.Logger): Gets the lines.
-        split (FolderSplit, optional): The run's split (``src.data.split.checked_split``);
-            None: every image trains.
-        val_split (float): The fraction ``split`` holds out (for the log line).
-        changed (sequence[str]): The lists the split changes (a warning names them).
-        write (bool): This process writes the run's files (rank 0).
-        for_eval (bool): The held-out part is evaluated (``run_eval``; said in the line).
-        suggest_balance (bool): The imbalance warning suggests ``class_balance``.
+    """The training images of a class-folder run in the log: with a
+    ``split`` (``checked_split``; ``val_split`` its fraction, ``changed`` the lists it changes)
+    its two file lists written into ``output_dir`` when ``write`` and a line of their sizes, then
+    the images per class, with a warning when the largest class has more than
+    ``IMBALANCE_WARNING`` times the smallest's (suggesting ``class_balance`` if
+    ``suggest_balance``). ``for_eval``: the held-out part is evaluated.
 
     Raises:
         WriteError: If a list cannot be written.
@@ -225,3 +197,22 @@ def record_training_images(output_dir, data_path, class_names, log, split=None, 
         log.warning("unbalanced classes: the largest has %.1f times the images of the smallest"
                     "%s", ratio, "; class_balance sampler or loss evens them out"
                     if suggest_balance else "")
+
+
+def lock_output_dir(output_dir: str, rank: int, log: logging.Logger) -> OutputDirLock | None:
+    """Take the run's output folder on rank 0 (the ranks share it and only rank 0 writes):
+    checked writable, then locked for the run (``OutputDirLock``), so a second run into it
+    fails at once. Returns the lock (None on other ranks).
+
+    Raises:
+        OutputDirError: If the folder is a file, not writable, or held by another run.
+    """
+    if rank != 0:
+        return None
+    check_output_dir(output_dir)
+    lock = OutputDirLock(output_dir)
+    ended = lock.acquire()
+    if ended:
+        log.info("output_dir %s: took over the lock of an ended run (host and process id "
+                 "%s)", output_dir, ended)
+    return lock

@@ -6,17 +6,8 @@ from src.utils.config import ConfigError
 
 
 def resolve_amp_level(amp_level, device_target):
-    """``amp_level: auto`` -> O2 on GPU/Ascend, O0 (fp32) on CPU; explicit levels pass through.
-
-    On CPU MindSpore's fp16 kernels measured 2-4x slower than fp32 and bf16 fails, so fp32.
-
-    Args:
-        amp_level (str): ``auto``, ``O0``, ``O1``, ``O2`` or ``O3``.
-        device_target (str): ``CPU``, ``GPU`` or ``Ascend``.
-
-    Returns:
-        str: the level ``Model`` gets.
-    """
+    """``amp_level`` "auto" -> O2 on GPU/Ascend, O0 on CPU (where MindSpore's
+    fp16 kernels measured 2-4x slower than fp32 and bf16 fails); explicit levels pass through."""
     if amp_level != "auto":
         return amp_level
     return "O0" if device_target == "CPU" else "O2"
@@ -43,28 +34,16 @@ def resolve_loss_scale_type(loss_scale_type, device_target):
     return loss_scale_type
 
 
-def loss_scale_setup(amp_level, device_target, loss_scale, loss_scale_type="auto",
+def loss_scale_setup(amp_level, device_target, loss_scale, *, loss_scale_type="auto",
                      scale_factor=2.0, scale_window=1000):
-    """The loss scaling of ``TrainStep`` (``src.training.train_step``) under ``amp_level``.
-
-    fp32 (O0): no loss scaling. GPU/Ascend: a fixed or a dynamic scale
-    (``nn.DynamicLossScaleUpdateCell``: divided by ``scale_factor`` on every overflowed step,
-    which is skipped, and multiplied by it after ``scale_window`` steps without overflow; never
-    below 1). CPU with mixed precision: MindSpore has no overflow check there, so a fixed
-    scale is only multiplied in and divided out, and a non-finite loss stops training instead.
-
-    Args:
-        amp_level (str): The resolved level (``resolve_amp_level``).
-        device_target (str): ``CPU``, ``GPU`` or ``Ascend``.
-        loss_scale (float): The fixed scale, or the dynamic scale's initial value.
-        loss_scale_type (str): ``auto``, ``fixed`` or ``dynamic`` (``resolve_loss_scale_type``).
-        scale_factor (float): Dynamic: the factor of each change, > 1.
-        scale_window (int): Dynamic: overflow-free steps before the scale grows.
+    """The loss scaling of ``TrainStep`` under ``amp_level``: none under O0; on
+    GPU/Ascend a fixed or dynamic scale (``nn.DynamicLossScaleUpdateCell(loss_scale,
+    scale_factor, scale_window)``) with the overflow check; on CPU (no overflow check) a fixed
+    scale multiplied in and divided out.
 
     Returns:
-        tuple: (``scale_sense`` for ``TrainStep``: None, a float32 Tensor, a
-        ``FixedLossScaleUpdateCell`` or a ``DynamicLossScaleUpdateCell``; ``check_overflow``
-        bool; the resolved type: ``none``, ``fixed`` or ``dynamic``).
+        tuple: (``scale_sense``: None, a float32 Tensor or a loss-scale update cell;
+        ``check_overflow``; the resolved type "none", "fixed" or "dynamic").
 
     Raises:
         ConfigError: As ``resolve_loss_scale_type``, checked even under O0.

@@ -1,36 +1,6 @@
-"""Profile a range of training steps with MindSpore's profiler and log the costliest operators.
-
-``python train.py ... --profile_steps A,B`` profiles global optimizer steps A..B (1-based,
-inclusive) with ``mindspore.profiler.profile`` (MindSpore 2.10's profiler; the older
-``mindspore.Profiler`` is deprecated), analyses the data when step B ends, and logs the ten
-operator types with the most total time, their share of all profiled operator time, and
-where the files are.
-
-What MindSpore 2.10 writes under the output folder: one ``{host}_{pid}_{time}_ascend_ms``
-folder per profiling session (named so on every backend), holding on the CPU backend:
-
-- ``FRAMEWORK/cpu_op_type_info_{device}.csv``: host (CPU) kernels per op type: count, total
-  and mean time (ms); on the CPU backend these are all the network's operators.
-  ``cpu_op_detail_info_{device}.csv`` has the same per op instance (with its scope name),
-  ``cpu_op_execute_timestamp_{device}.txt`` each launch, ``cpu_framework_{device}.txt`` the
-  input shapes.
-- ``ASCEND_PROFILER_OUTPUT/trace_view.json``: the timeline (Chrome trace-event JSON). The
-  MindSpore tutorial says to view profiles with MindStudio Insight; the file also opens in
-  chrome://tracing or https://ui.perfetto.dev.
-- On Ascend the same folder also gets the device data: ``PROF_*`` (msprof's raw data) and, in
-  ``ASCEND_PROFILER_OUTPUT``, ``kernel_details.csv`` (every AI Core / AI CPU task),
-  ``op_statistic.csv`` (per op type) and ``step_trace_time.csv``; MindStudio Insight reads
-  the whole folder. On GPU, MindSpore 2.10's C++ profiler writes the CUDA kernel data
-  (``gpu_op_type_info``/``gpu_op_detail_info``/``gpu_activity_data_{device}.csv``) into the
-  output folder itself, and the Python side runs no analysis (so no ``trace_view.json``).
-  Only the CPU backend was run when this module was written; the Ascend and GPU file names
-  come from MindSpore 2.10's source.
-
-The summary reads the device's op statistics when there are any (``op_statistic.csv``,
-``gpu_op_type_info_*.csv``), else the host's (``cpu_op_type_info_*.csv``). Profiling never
-stops training: a missing or unreadable statistics file, or a profiler failure, is logged
-as a warning naming the folder.
-"""
+"""``--profile_steps A,B``: profile global optimizer steps A..B with MindSpore 2.10's
+``mindspore.profiler.profile`` and log the costliest operator types. The files written per
+backend and how the summary reads them: docs/training.md#profiling-a-run."""
 import csv
 import glob
 import os
@@ -53,18 +23,11 @@ VIEWERS = ("MindStudio Insight (the MindSpore docs' viewer: open the folder), "
 
 
 def parse_profile_steps(values):
-    """Check the ``profile_steps`` config value.
-
-    Args:
-        values (list[int] | tuple[int] | None): ``[A, B]``, the first and last global
-            optimizer step to profile (1-based, inclusive); empty or None for no profiling.
-
-    Returns:
-        tuple(int, int) | None: ``(A, B)``, or None when profiling is off.
+    """``profile_steps`` checked: ``[A, B]`` (global optimizer steps, 1-based,
+    inclusive) -> ``(A, B)``; empty or None -> None (off).
 
     Raises:
-        ConfigError: If the value is not two integers with ``1 <= A <= B``; the message names
-            ``profile_steps``.
+        ConfigError: Unless two integers with ``1 <= A <= B`` (names ``profile_steps``).
     """
     if values is None or (isinstance(values, (list, tuple)) and not values):
         return None
@@ -90,18 +53,9 @@ def _device_activities():
 
 
 def find_op_statistics(folder, since=0.0, pid=None):
-    """The op statistics file of a profiling session under ``folder``.
-
-    Args:
-        folder (str): The profiler output folder.
-        since (float): Only files modified at or after this time (seconds since the epoch).
-        pid (int, optional): Only files in ``*_ascend_ms`` folders of this process (their
-            names hold the pid), or directly in ``folder`` (GPU).
-
-    Returns:
-        tuple(str, str) | None: (path, kind) of the preferred file (device statistics before
-        host ones, then the newest), or None if there is none.
-    """
+    """(path, kind) of the preferred op statistics file under ``folder``
+    (device before host, then the newest), modified at or after ``since`` and, with ``pid``, in
+    that process's ``*_ascend_ms`` session (or directly in ``folder``, GPU); None if none."""
     found = []
     for root, _, files in os.walk(folder):
         session = os.path.relpath(root, folder).split(os.sep)[0]
@@ -132,18 +86,10 @@ def _column(header, *names, contains=None):
 
 
 def read_op_statistics(path):
-    """Read an op statistics CSV into per-op-type totals.
-
-    Understands MindSpore's ``cpu_op_type_info``/``gpu_op_type_info`` files and Ascend's
-    ``op_statistic.csv`` by their header: the op type column, the total time column (in ms,
-    or in us when the header says ``(us)``) and the call count column when present.
-
-    Args:
-        path (str): The CSV file.
-
-    Returns:
-        list[dict]: One dict per op type: ``op_type`` (str), ``time_ms`` (float, total over
-        the profiled steps), ``calls`` (int or None); rows of the same type are summed.
+    """Per-op-type totals of a MindSpore (``cpu_/gpu_op_type_info``) or Ascend
+    (``op_statistic.csv``) op statistics CSV, read by its header (time in ms, or us when the
+    header says so): dicts of ``op_type``, ``time_ms`` (over the profiled steps) and ``calls``
+    (None when absent), rows of one type summed.
 
     Raises:
         ValueError: If the header has no op type or total time column.
@@ -172,16 +118,8 @@ def read_op_statistics(path):
 
 
 def top_ops(stats, top=TOP_OPS):
-    """The ``top`` op types with the most total time and their share of all of it.
-
-    Args:
-        stats (list[dict]): ``read_op_statistics`` output.
-        top (int): How many op types to keep.
-
-    Returns:
-        tuple(list[dict], float): The op types, most time first, each with ``share`` added
-        (fraction of the total time of all op types, 0..1); and that total in ms.
-    """
+    """(the ``top`` op types of ``stats`` by total time, each with its ``share`` of all op
+    time in 0..1; that total in ms)."""
     total = sum(s["time_ms"] for s in stats)
     ranked = sorted(stats, key=lambda s: s["time_ms"], reverse=True)[:top]
     return [dict(s, share=s["time_ms"] / total if total > 0 else 0.0) for s in ranked], total
@@ -204,51 +142,20 @@ def format_table(ops, total_ms, op_type_count, steps):
 
 
 class ProfileSteps(Callback):
-    """Profile global optimizer steps ``first_step``..``last_step`` and log the costliest ops.
-
-    Uses ``mindspore.profiler.profile`` with a one-cycle schedule (one warm-up step, then
-    the profiled steps) and ``tensorboard_trace_handler(output_dir)``: the profiler is set up
-    at the start of the step before ``first_step`` (the warm-up step, when this run trains
-    it), records from the start of ``first_step`` to the end of ``last_step``, then analyses
-    the data (training waits for it) and logs the op types with the most time. Model.train
-    may be called once per epoch: the range may span epochs. A resumed run that starts
-    inside the range profiles from its first step; one that starts after it profiles nothing
-    (one log line). If training ends before ``last_step`` (end of the run, stop signal,
-    non-finite loss), the steps done are analysed in ``on_train_end`` when a stop was
-    requested, or by ``close()``.
-
-    In dataset sink mode (GPU/Ascend) the callbacks run once per sink call of
-    ``state.steps_per_call`` steps: whole calls are profiled, those that overlap the range,
-    and the summary names the steps they covered.
-
-    List it after ``StepState``: it reads ``state.global_step`` (optimizer steps done).
-    Never raises into training: failures are logged as warnings naming the folder.
+    """Profile global optimizer steps ``first_step``..``last_step`` (1-based,
+    inclusive; cut to ``total_steps``) into ``output_dir`` and log the ``top`` op types by time.
+    Listed after ``StepState``; whole sink calls in sink mode; never raises into training
+    (failures are warnings). See docs/training.md#profiling-a-run.
 
     Attributes:
-        summary (dict | None): After the analysis: ``first_step``/``last_step`` (the steps
-            profiled), ``steps`` (their count), ``folder`` (the session's ``*_ascend_ms``
-            folder), ``stats_file``, ``trace_file`` (None when absent), ``total_ms`` (all
-            op time over the profiled steps, ms), ``ops`` (list of dicts: ``op_type``,
-            ``time_ms`` (ms, over all profiled steps), ``share`` (0..1), ``calls``),
-            ``analysis_s`` (seconds). None before, or when nothing was profiled or the
-            statistics could not be read.
-        start_step (int | None): The first step this run will profile (None: none).
-        last_step (int): The last step it will profile.
-
-    Args:
-        state (StepState): The per-step state (``src.training.callbacks``): ``global_step`` is the
-            optimizer steps done, ``steps_per_call`` (optional, default 1) the steps one call
-            of the callbacks covers.
-        first_step (int): First global optimizer step to profile (1-based).
-        last_step (int): Last global optimizer step to profile (inclusive).
-        output_dir (str): Folder the profiler writes to (train.py: ``output_dir/profiler``).
-        logger (logging.Logger): Where the progress lines and the table go.
-        total_steps (int, optional): Optimizer steps of the whole run; a range past it is
-            cut to it.
-        top (int): How many op types the table lists.
+        summary (dict | None): After the analysis: ``first_step``, ``last_step``, ``steps``,
+            ``folder``, ``stats_file``, ``trace_file``, ``total_ms``, ``ops`` (``op_type``,
+            ``time_ms``, ``share``, ``calls``) and ``analysis_s``; None before or on failure.
+        start_step (int | None): The first step this run profiles (None: none).
+        last_step (int): The last step it profiles.
     """
 
-    def __init__(self, state, first_step, last_step, output_dir, logger, total_steps=None,
+    def __init__(self, state, first_step, last_step, *, output_dir, logger, total_steps=None,
                  top=TOP_OPS):
         super().__init__()
         self.state = state

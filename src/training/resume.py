@@ -8,10 +8,12 @@ data order is restored by building each epoch's pipeline from (seed, epoch) alon
 import json
 import logging
 import os
+from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
 
+from src.training.best import best_checkpoint_path
 from src.training.lr_schedule import LR_KEYS
 from src.training.output_dir import records_after
 from src.utils.checkpoint import (
@@ -32,6 +34,7 @@ from src.utils.checkpoint import (
     stored_step,
 )
 from src.utils.config import ConfigError
+from src.utils.device import all_gather_int
 from src.utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -87,21 +90,9 @@ def epoch_seed(seed, epoch):
 
 
 def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):
-    """The newest usable training checkpoint in ``output_dir`` (``--resume_ckpt auto``).
-
-    Unusable ones (unreadable, cut short, without optimizer state) are passed over with a
-    warning naming them, and the previous one is tried.
-
-    Args:
-        output_dir (str): Folder of the run.
-        prefix (str): Checkpoint name prefix (the network name).
-        steps_per_epoch (int): Steps in one epoch (decodes the names).
-        param_names (list[str]): Every parameter name the training cell (network and
-            optimizer) expects.
-
-    Returns:
-        str or None: the path, or None when there is none.
-    """
+    """The newest usable training checkpoint ``PREFIX-*.ckpt`` of
+    ``output_dir`` (``--resume_ckpt auto``), or None; unusable ones (unreadable, cut short, no
+    optimizer state, lacking a name of ``param_names``) are passed over with a warning."""
     for path in periodic_checkpoints(output_dir, prefix, steps_per_epoch):
         usable, why = is_resumable(path, param_names)
         if usable:
@@ -111,14 +102,9 @@ def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):
 
 
 def check_same_recipe(path, stored, current, keys=None):
-    """Refuse to resume a checkpoint written under other values of ``keys``.
-
-    Args:
-        path (str): The checkpoint, for the message.
-        stored (dict or None): Its ``run_config`` (None for files without one: accepted).
-        current (dict): This run's config (``device_num`` the real device count).
-        keys (list[str], optional): Keys that must agree; default ``recipe_keys(current)``:
-            all but ``MAY_DIFFER`` (a key the checkpoint does not store is not checked).
+    """Refuse to resume ``path`` when its stored ``run_config`` (None: accepted
+    with a warning) differs from ``current`` in ``keys`` (default ``recipe_keys(current)``; keys
+    it does not store are not checked).
 
     Raises:
         ConfigError: Naming every differing key with both values, and the way out.
@@ -140,17 +126,9 @@ def check_same_recipe(path, stored, current, keys=None):
 
 
 def check_same_data(path, stored, current, data_path):
-    """Refuse to resume a checkpoint trained on another number of images or steps per epoch
-    (files added to or removed from ``data_path`` between a stop and the resume): the LR
-    schedule would stretch or shrink and the epochs fall out of step with the checkpoints
-    and records.
-
-    Args:
-        path (str): The checkpoint, for the message.
-        stored (dict or None): Its ``train_data`` (``stored_data``; None for files without
-            one: accepted).
-        current (dict): This run's ``{"images", "steps_per_epoch"}``.
-        data_path (str): For the message.
+    """Refuse to resume ``path`` when its stored ``train_data`` (None: accepted)
+    differs from ``current`` (``{"images", "steps_per_epoch"}``): files were added to or removed
+    from ``data_path``, which would stretch the LR schedule and shift the epochs.
 
     Raises:
         ConfigError: Naming both counts and the way out.
@@ -168,30 +146,18 @@ def check_same_data(path, stored, current, data_path):
 
 
 def restore_training_state(train_network, path, current=None, data=None):
-    """Load network and optimizer state from a checkpoint written by ``CheckpointSaver``.
-
-    Args:
-        train_network (nn.Cell): The training cell (network, optimizer, loss scale), as
-            ``Model.train_network``; every parameter it has must be in the file.
-        path (str): The checkpoint.
-        current (dict, optional): This run's config: checked against the stored one
-            (``check_same_recipe``) before the parameters, so another recipe is named by its
-            keys (another ``optimizer`` too, whose state has other names); None skips it
-            (``--resume_ignore_config``).
-        data (dict, optional): This run's training data, ``{"images", "steps_per_epoch"}``:
-            checked against the stored one (``check_same_data``) when ``current`` is given.
+    """Load the network and optimizer state of checkpoint ``path`` into
+    ``train_network`` (``Model.train_network``), after checking ``current`` (the run's config;
+    None skips, ``--resume_ignore_config``) and ``data`` against the stored ones.
 
     Returns:
-        tuple(int, dict or None, dict or None): training steps already done, the stored run
-        config, and the best evaluation score so far (``stored_best``: ``BestCheckpoint``
-        resumes from it, so a worse evaluation does not replace the best checkpoint).
+        tuple: (steps done, the stored run config, the stored best score or None).
 
     Raises:
         MissingFileError: If the file does not exist.
         CheckpointError: If it is unreadable, lacks optimizer state, or does not fit the
             network (names the parameters).
-        ConfigError: If ``current`` differs from the stored config (``check_same_recipe``), or
-            ``data`` from the stored data (``check_same_data``).
+        ConfigError: As ``check_same_recipe`` and ``check_same_data``.
     """
     params = read_checkpoint(path)
     if current is not None:
@@ -221,28 +187,12 @@ def restore_training_state(train_network, path, current=None, data=None):
     return steps_done, config, best
 
 
-def agree_across_ranks(local_path, output_dir, prefix, steps_per_epoch, param_names, gather):
-    """Make every rank resume from the same step: rank 0's choice.
-
-    Without a shared filesystem each host resolves ``auto`` in its own ``output_dir``; a
-    rank that started from scratch while the others resumed would hang the collectives.
-    Rank 0's checkpoint (by position) is the decision; every rank must hold a usable file of
-    that name in its own ``output_dir`` (shared, or copied there).
-
-    Args:
-        local_path (str): This rank's resolved checkpoint ("" for none).
-        output_dir, prefix, steps_per_epoch: As ``find_resume_checkpoint``.
-        param_names (list[str]): Parameter names a usable checkpoint must hold.
-        gather (callable): ``gather(int) -> list[int]``, the value of every rank in rank
-            order (an all-gather).
-
-    Returns:
-        str: the path this rank resumes from ("" when rank 0 starts from scratch).
-
-    Raises:
-        ConfigError: On every rank when any rank lacks rank 0's checkpoint; names the ranks
-            and the file.
-    """
+def agree_across_ranks(local_path, output_dir, prefix, *, steps_per_epoch, param_names, gather):
+    """Make every rank resume from rank 0's choice (without a shared
+    filesystem each host resolves ``auto`` in its own folder; a rank starting from scratch while
+    others resume would hang the collectives): every rank must hold a usable file of that name.
+    ``gather(int) -> list[int]`` is an all-gather; the other arguments as
+    ``find_resume_checkpoint``."""
     try:  # no rank may raise before the gathers: the others would wait for it forever
         position = 0
         if local_path:  # the name encodes the step; read the file only for other names
@@ -309,19 +259,14 @@ def folder_best(best_path):
     return best
 
 
-def branch_files(output_dir, prefix, resume_path, step, steps_per_epoch, param_names,
+def branch_files(output_dir, prefix, *, resume_path, step, steps_per_epoch, param_names,
                  overwrite):
-    """A resume from ``resume_path`` (in ``output_dir``, at ``step``) when the folder holds a
-    newer usable checkpoint: a branch, which would overwrite the later checkpoints and drop the
-    later records. Refused unless ``overwrite``; then the files to move aside: every periodic
-    checkpoint after ``step`` and the best checkpoint when it was chosen after ``step``.
-
-    Returns:
-        list[str]: Empty when the resume is no branch.
+    """The files to move aside for a resume from ``resume_path`` at ``step`` when
+    ``output_dir`` holds a newer usable checkpoint (a branch): the later periodic checkpoints and
+    a best checkpoint chosen after ``step``; [] when it is no branch.
 
     Raises:
-        ConfigError: For a branch without ``overwrite``: names both checkpoints, what would be
-            lost, and the ways out.
+        ConfigError: For a branch without ``overwrite`` (names both checkpoints and the ways out).
     """
     newer = newer_checkpoint(output_dir, prefix, steps_per_epoch, param_names, step)
     if newer is None:
@@ -339,8 +284,87 @@ def branch_files(output_dir, prefix, resume_path, step, steps_per_epoch, param_n
             f"previous_run_* folder inside it")
     later = [p for p in periodic_checkpoints(output_dir, prefix, steps_per_epoch)
              if position_of(p, steps_per_epoch) > step]
-    best_path = os.path.join(output_dir, f"{prefix}-best.ckpt")
+    best_path = best_checkpoint_path(output_dir, prefix)
     best = folder_best(best_path)
     if best is not None and int(best["epoch"]) * steps_per_epoch > step:
         later.append(best_path)
     return later
+
+
+@dataclass
+class ResumedRun:
+    """Where a run starts (``resume_run``): the checkpoint resumed ("" = fresh), the
+    steps done, the stored best score and, for a run continuing its folder, ``NET-best.ckpt``'s
+    (``BestCheckpoint.restore`` takes the higher), the config and data stored in the checkpoints,
+    whether the checkpoint lies in ``output_dir``, and a branch's later files to move aside."""
+
+    resume_path: str
+    start_step: int
+    best: dict | None
+    folder_best: dict | None
+    config: dict
+    data: dict
+    continues_here: bool
+    later_files: list[str]
+
+
+def resume_run(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
+               run_config: dict, check_recipe: bool, overwrite: bool, epoch_size: int,
+               steps_per_epoch: int, total_steps: int, device_num: int,
+               log: logging.Logger, train_images: int | None = None) -> ResumedRun:
+    """Restore the training state of ``resume_ckpt`` (a path, "auto" or "") into
+    ``train_network``: ``run_config`` (the config with ``device_num``) and the data are checked
+    against the checkpoint's when ``check_recipe``; ``train_images`` None skips the data check.
+
+    Raises:
+        ConfigError: Another recipe or data (with ``check_recipe``), every step of
+            ``total_steps`` already trained (the message names ``epoch_size``), or a branch
+            without ``overwrite``.
+    """
+    data = {"images": train_images, "steps_per_epoch": steps_per_epoch}
+    start_step, best, folder_score, later = 0, None, None, []
+    resume_path = resume_checkpoint_path(
+        train_network, resume_ckpt=resume_ckpt, output_dir=output_dir, prefix=prefix,
+        steps_per_epoch=steps_per_epoch, device_num=device_num, log=log)
+    if resume_path:
+        start_step, _, best = restore_training_state(
+            train_network, resume_path, run_config if check_recipe else None,
+            None if train_images is None else data)
+        if start_step >= total_steps:
+            raise ConfigError(f"{resume_path} has already trained all {total_steps} steps of "
+                              f"epoch_size {epoch_size}")
+    continues_here = bool(resume_path) and in_folder(resume_path, output_dir)
+    if continues_here:
+        if resume_ckpt != "auto":  # auto takes the newest usable one: never a branch
+            later = branch_files(output_dir, prefix, resume_path=resume_path, step=start_step,
+                                 steps_per_epoch=steps_per_epoch,
+                                 param_names=resumable_names(train_network), overwrite=overwrite)
+        best_path = best_checkpoint_path(output_dir, prefix)
+        if best_path not in later:  # a best chosen after a crash, e.g. (auto falls back)
+            folder_score = folder_best(best_path)
+    return ResumedRun(resume_path=resume_path, start_step=start_step, best=best,
+                      folder_best=folder_score, config=run_config, data=data,
+                      continues_here=continues_here, later_files=later)
+
+
+def resume_checkpoint_path(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
+                           steps_per_epoch: int, device_num: int, log: logging.Logger) -> str:
+    """``resume_ckpt`` resolved to a path ("" to start from scratch): as given, or for
+    "auto" the newest usable checkpoint in ``output_dir``; in data parallel, rank 0's
+    choice, which every rank must hold (``agree_across_ranks``)."""
+    names = resumable_names(train_network)
+    path = resume_ckpt
+    if path == "auto":
+        path = find_resume_checkpoint(output_dir, prefix, steps_per_epoch, names) or ""
+    if device_num > 1:
+        path = agree_across_ranks(path, output_dir, prefix, steps_per_epoch=steps_per_epoch,
+                                  param_names=names, gather=all_gather_int)
+    if resume_ckpt == "auto" and not path:
+        log.info("resume_ckpt auto: no checkpoint in %s, starting from scratch", output_dir)
+    return path
+
+
+def in_folder(path: str, folder: str) -> bool:
+    """Whether ``path`` lies directly in ``folder``."""
+    return os.path.isdir(folder) and os.path.samefile(os.path.dirname(os.path.abspath(path)),
+                                                      folder)

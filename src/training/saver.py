@@ -22,54 +22,15 @@ LOGGER = logging.getLogger(__name__)
 
 
 class CheckpointSaver(Callback):
-    """Save resumable checkpoints atomically; on a stop signal save at the current step and
-    stop training.
+    """Save resumable checkpoints ``PREFIX-E_S.ckpt`` into ``output_dir``
+    atomically every ``save_epochs`` epochs, every ``save_steps`` steps (0 = none), at the end
+    (``total_steps``) and on a stop signal of ``stop``; keep this run's newest ``keep_max``
+    (``own_files``: a resumed run's earlier ones, oldest first). Each stores ``run_config`` and
+    ``train_data`` (JSON; "" = not stored) and ``best()``'s score. Only ``write`` (rank 0)
+    writes. A checkpoint not written or non-finite parameters stop training (``error``,
+    ``diverged``, ``last_saved``). See docs/reliability.md#checkpoint-saves."""
 
-    Saves every ``save_epochs`` epochs, at the end of training, and every ``save_steps``
-    steps when positive. Keeps the newest ``keep_max`` of the files this run wrote (a
-    resumed run counts the files of the run it continues, passed as ``own_files``); other
-    files in the folder are never touched. Nothing is saved after a non-finite loss, nor
-    parameters that are not all finite. A checkpoint that cannot be written (non-finite
-    parameters, disk full, permission) stops training (``StepState.fail``): ``error`` says why,
-    ``diverged`` tells non-finite parameters from a write failure, and ``last_saved`` names the
-    last good checkpoint. Nothing is saved after a stop the ranks agreed on
-    (``StepState.stopped_by``, data parallel): after another rank's non-finite loss the
-    parameters hold it too (the gradients are all-reduced).
-
-    Data parallel: on a stop signal (agreed by ``StopSignals``, so at the same step on every
-    rank) the ranks wait for the writing rank's save, one all-reduce, and learn whether it
-    succeeded: the others must not exit first, as msrun kills the remaining workers as soon as
-    one exits with a non-zero status. A rank that writes nothing then names rank 0's checkpoint
-    in ``last_saved``, or records in ``error`` that rank 0 could not write it.
-
-    Args:
-        state (StepState): The per-step state, updated before this callback runs.
-        stop (StopSignals): Whether a stop signal came (and the collective of data parallel).
-        output_dir (str): Folder of the checkpoints.
-        prefix (str): File name prefix (the network name).
-        steps_per_epoch (int): Steps in one epoch.
-        total_steps (int): Steps of the whole run.
-        run_config (str): The run's config as JSON, stored in every checkpoint.
-        save_epochs (int): Epochs between saves.
-        save_steps (int): Steps between saves; 0 for none.
-        keep_max (int): Checkpoints of this run kept.
-        own_files (list[str]): Checkpoints of this run written before (resumed runs),
-            oldest first.
-        write (bool): Whether this process writes files (rank 0 in data parallel); every
-            rank still stops on a signal.
-        best (callable, optional): ``best() -> dict or None``, the best evaluation score so
-            far (``BestCheckpoint.score``), stored in every checkpoint so a resumed run keeps
-            it.
-        train_data (str): The data trained on as JSON (``{"images", "steps_per_epoch"}``),
-            stored in every checkpoint and checked on resume; empty: not stored.
-
-    A ``save_steps`` multiple that falls on an epoch's last step is saved at the epoch's end,
-    after ``TrainMonitor`` wrote the epoch's record: a run killed in between then resumes
-    before that epoch and writes its record once (``trim_records`` drops the records after the
-    resumed step).
-    """
-
-    def __init__(self, state, stop, output_dir, prefix, steps_per_epoch, total_steps,
+    def __init__(self, state, stop, *, output_dir, prefix, steps_per_epoch, total_steps,
                  run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
                  write=True, best=None, train_data=""):
         super().__init__()

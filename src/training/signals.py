@@ -13,51 +13,18 @@ LOGGER = logging.getLogger(__name__)
 
 
 class StopSignals(Callback):
-    """SIGINT/SIGTERM: finish the current step, save, stop. A second signal exits at once.
-
-    ``install()`` runs before anything slow (data check, graph compilation), so a signal at
-    start-up is caught too. While a compiled step runs, MindSpore 2.10's runtime has its own
-    SIGINT handler in place, which turns Ctrl-C into a SIGTERM sent to the process: a Ctrl-C
-    then arrives here as SIGTERM (exit status 143 instead of 130). Ours is installed again
-    around every call of the training cell (two system calls), so a Ctrl-C at start-up,
-    between steps or during evaluation arrives as SIGINT.
-
-    Data parallel (``Model``'s parallel mode with more than one device, read at
-    ``on_train_begin``): every rank must stop after the same step, or the ranks still training
-    block in the next gradient all-reduce and rank 0, the only one writing checkpoints, may
-    never save. So a signal is only noted when it arrives (``own``); at the end of every
-    optimizer step (every sink call in sink mode; with gradient accumulation, not between
-    micro-batches) the ranks exchange the signals they got (one all-reduce of one int per
-    rank, about 1.5 ms on CPU) and all set ``received`` after the same step: their
-    own signal, or on a rank not signalled that of the lowest signalled rank, named in a log
-    line. Training then stops after that step on every rank, rank 0 saves it
-    (``CheckpointSaver``) and every rank exits with 128 + ``signum`` (train.py): the rank that
-    was signalled and the ranks stopped with it. A signal after the last step's exchange (during
-    the last evaluation or save) does not stop the run: it is complete. A signal before the
-    first ``Model.train`` call (data check, network build) stops that rank before its first
-    step; the launcher (msrun) then ends the others, with nothing trained to save; one during
-    the graph compilation stops every rank after the first step. A second signal to the same
-    process exits it at once, without saving.
-
-    The same exchange agrees on the failures that stop training (``StepState.fail``: a
-    non-finite loss, judged on each rank's own loss; a file not written or non-finite
-    parameters, seen by rank 0 alone): each rank sends its signal and its failure in one int
-    (``signal + 256 x reason``). On any failure every rank sets ``StepState.stopped_by`` (the
-    lowest failed rank, its reason, the step) and stops after this step; a failure outranks a
-    signal. A failure comes either before this exchange (the loss) or after it (the monitor's
-    and the saver's writes, the evaluation): those are agreed at the next exchange, and so
-    that none waits for a whole sink call or epoch, ``FailureAgreement`` (listed after the
-    saver) exchanges the failures alone at the end of every ``Model.train`` epoch (every sink
-    call in sink mode). A rank with a failure goes on training until then: step by step,
-    a checkpoint of ``save_checkpoint_steps`` that failed mid-epoch is agreed one step later.
-    Once a failure is agreed nothing more is exchanged.
+    """SIGINT/SIGTERM: finish the current step, save, stop; a second signal exits at once
+    (``exit_now``). ``install()`` early and around every call of the training cell. In data
+    parallel the ranks exchange signals and failures after every optimizer step and all stop
+    after the same one (``received``, ``StepState.stopped_by``). See
+    docs/reliability.md#stop-signals-in-data-parallel.
 
     Args:
-        logger (logging.Logger): Where the acknowledgement goes.
-        exit_now (callable): ``exit_now(status)`` for the second signal (default ``os._exit``).
-        gather (callable, optional): ``gather(int) -> list[int]``, every rank's value in rank
-            order; given, the stop is collective from the start. Default: in data parallel
-            ``src.utils.device.all_gather_int``.
+        logger (logging.Logger): Gets the acknowledgement.
+        exit_now (callable): ``exit_now(status)`` for the second signal (``os._exit``).
+        gather (callable, optional): ``gather(int) -> list[int]`` of every rank in rank order;
+            given, the stop is collective from the start (default in data parallel:
+            ``src.utils.device.all_gather_int``).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -184,14 +151,10 @@ class StopSignals(Callback):
 
 
 class FailureAgreement(Callback):
-    """Listed after the callbacks that write files (``StopSignals.watch`` returns it): at the
-    end of every ``Model.train`` epoch (a sink call in sink mode) the ranks exchange their
-    failures (``StopSignals.agree_failures``), so a checkpoint, record or evaluation that
-    failed on rank 0 stops every rank after that same step.
-
-    Args:
-        stop (StopSignals): Whose exchange is used.
-    """
+    """Listed after the callbacks that write files (``StopSignals.watch`` returns
+    it): at the end of every ``Model.train`` epoch (sink call) the ranks exchange their failures
+    (``StopSignals.agree_failures``), so a write that failed on rank 0 stops every rank after that
+    step."""
 
     def __init__(self, stop):
         super().__init__()

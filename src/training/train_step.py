@@ -1,11 +1,7 @@
 """The training step: gradients (optionally accumulated over calls), loss scaling,
-gradient clipping, the optimizer update and an exponential moving average of the weights.
-
-``TrainStep`` replaces the cell ``Model`` builds from (network, loss, optimizer). With none of
-its options on it runs the same operations as MindSpore's ``nn.TrainOneStepCell`` (fp32) or
-``nn.TrainOneStepWithLossScaleCell`` (loss scaling with overflow checks on GPU/Ascend), so a
-recipe without them trains bit-identically to those cells (tests compare the two).
-"""
+gradient clipping, the optimizer update and a weight EMA. Without its options ``TrainStep``
+trains bit-identically to MindSpore's ``nn.TrainOneStep(WithLossScale)Cell``; see
+docs/training.md#the-training-step."""
 import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
@@ -25,23 +21,10 @@ EMA_WARMUP_POWER = 2.0 / 3.0
 
 
 class WeightEma(nn.Cell):
-    """Exponential moving average of every floating-point parameter of a network (weights and
-    BatchNorm moving statistics; not the integer stochastic depth counter), as timm's
-    ``ModelEmaV3`` (update_after_step 0, warmup_gamma 1, warmup_power 2/3) and torchvision's
-    ``ExponentialMovingAverage`` with ``use_buffers``.
-
-    Update ``n`` (0-based count of earlier updates) uses decay
-    ``d_n = 0`` for ``n = 0`` (the average starts as a copy of the weights), then
-    ``d_n = min(decay, 1 - (1 + n) ** -2/3)`` with warmup or ``d_n = decay`` without, and sets
-    ``ema = d_n * ema + (1 - d_n) * w`` after the optimizer step.
-
-    The averages are parameters named ``ema.<network parameter name>`` plus the counter
-    ``ema_updates``: they are saved in training checkpoints and restored on resume.
-
-    Args:
-        network (nn.Cell): The network whose parameters are averaged.
-        decay (float): The decay per optimizer step, in [0, 1).
-        warmup (bool): timm's warmup of the decay (short runs reach a useful average sooner).
+    """Exponential moving average of ``network``'s floating-point parameters (timm's
+    ``ModelEmaV3``, torchvision's ``ExponentialMovingAverage``): update n sets ``ema = d_n ema +
+    (1 - d_n) w`` with d_0 = 0, then ``decay`` in [0, 1) or, with ``warmup``,
+    ``min(decay, 1 - (1 + n)^(-2/3))``; ``ema.*`` and ``ema_updates`` are checkpointed.
 
     Raises:
         ValueError: If ``decay`` is outside [0, 1).
@@ -87,19 +70,8 @@ def _ema_update_tensor(decay, average, weight):
 
 
 def clip_by_global_norm(grads, max_norm):
-    """Scale ``grads`` so their global L2 norm is at most ``max_norm``: each gradient times
-    ``max_norm / max(norm, max_norm)`` (TensorFlow's ``clip_by_global_norm``; torch's
-    ``clip_grad_norm_`` divides by ``norm + 1e-6``, a relative difference below 1e-6 for norms
-    above 1). ``HyperMap`` over the gradients: a Python loop over them builds the same
-    operations but compiles many times slower.
-
-    Args:
-        grads (tuple[Tensor]): Gradients, float32.
-        max_norm (float): Threshold, > 0.
-
-    Returns:
-        tuple[Tensor]: Clipped gradients.
-    """
+    """``grads`` (float32) scaled so their global L2 norm is at most ``max_norm``
+    (> 0), TensorFlow's ``clip_by_global_norm``; see docs/training.md#the-training-step."""
     hyper_map = ops.HyperMap()
     norm = ops.sqrt(ops.addn(hyper_map(_square_sum, grads)))
     max_norm = float(max_norm)
@@ -124,72 +96,25 @@ def _scale_tensor(factor, grad):
 
 
 class TrainStep(nn.TrainOneStepWithLossScaleCell):
-    """One call: the gradients of one batch and, every ``accumulation_steps`` calls, one
-    optimizer step of ``network_with_loss``.
-
-    Inputs ``(image, label)``: image float32 (B, 3, H, W), B the per-device batch
-    (``batch_size``); label int32 (B,) or float32 soft targets (B, K).
-
-    Order of an optimizer step: gradients (scaled by the loss scale) -> all-reduce in data
-    parallel -> unscale -> overflow check (GPU/Ascend with loss scaling: the step is skipped
-    on overflow) -> clip to ``grad_clip_norm`` -> optimizer -> EMA update.
-
-    Gradient accumulation (``accumulation_steps`` k > 1), across calls as MindCV's
-    ``TrainStep`` and ModelZoo BERT's ``BertTrainAccumulationAllReducePostWithLossScaleCell``:
-    each call adds its micro-batch's (scaled) gradients and loss to buffers
-    (``grad_accum.<parameter>``, ``grad_accum_loss``) and counts itself in
-    ``grad_accum_step``; the k-th call takes their mean, runs the step above on it (so the
-    all-reduce of data parallel runs once per optimizer step, not per micro-batch) and
-    clears the buffers. With ``allreduce_per`` "micro_batch" the all-reduce moves out of the
-    k-th call's branch: every call all-reduces its micro-batch's gradients and accumulates the
-    reduced ones (k all-reduces per optimizer step, none inside a data-dependent branch of the
-    graph; the same result, the all-reduce being linear: ``docs/distributed.md``). Peak
-    memory is that of one micro-batch plus one copy of the gradients; BatchNorm sees
-    micro-batch statistics, as with accumulation in PyTorch. The optimizer runs once per k
-    calls, so its ``global_step`` and the LR array it indexes count optimizer steps; the
-    callers count k ``Model`` steps per optimizer step (``src.training.callbacks.StepState``)
-    and save checkpoints only between optimizer steps, when the buffers are zero (they are
-    not saved).
-
-    Overflowed steps are counted on the device in the parameter ``overflow_count`` (int32
-    scalar, not trained, saved in training checkpoints and restored on resume): one per
-    skipped optimizer step, including the steps inside a dataset-sink call, whose callbacks
-    see only the last step's outputs. ``StepState`` reads it after each call; without the
-    overflow check it stays 0.
-
-    A network with stochastic depth holds the counter ``drop_path_step`` its draws hash
-    (``src.models.drop_path.DropPathScales``); every call adds 1 to it after the gradients are
-    computed, so each micro-batch draws anew and a resumed run (which restores it) draws as
-    an uninterrupted one.
-
-    Args:
-        network_with_loss (nn.Cell): ``(image, label) -> scalar loss``.
-        optimizer (nn.Optimizer): Over the network's trainable parameters.
-        scale_sense (Cell or Tensor, optional): Loss scale: a ``FixedLossScaleUpdateCell``,
-            ``DynamicLossScaleUpdateCell`` or a scalar Tensor; None for no loss scaling (fp32).
-        check_overflow (bool): Check the gradients for inf/NaN and skip such steps (GPU and
-            Ascend only: MindSpore has no overflow check on CPU).
-        grad_clip_norm (float): Global-norm threshold, 0 = no clipping.
-        accumulation_steps (int): Calls (micro-batches) per optimizer step.
-        ema (WeightEma, optional): Updated after every optimizer step.
-        allreduce_per (str): With accumulation in data parallel, when the gradients are
-            all-reduced: "step" (once per optimizer step, on the accumulated gradients) or
-            "micro_batch" (every call, before accumulating).
+    """One call: one micro-batch's gradients of ``network_with_loss`` (image float32
+    (B, 3, H, W) per device, label int32 (B,) or float32 (B, K)) and, every ``accumulation_steps``
+    calls, one ``optimizer`` step: all-reduce (``allreduce_per`` "step" or "micro_batch"), unscale
+    by ``scale_sense`` (a loss-scale cell, a Tensor, or None), skip on overflow
+    (``check_overflow``, GPU/Ascend; counted in ``overflow_count``), clip to ``grad_clip_norm``
+    (0 = off), step, update ``ema``. See docs/training.md#the-training-step.
 
     Outputs:
-        loss (scalar; float32 with accumulation): the micro-batch's; on the call that steps
-        the optimizer, the mean over the accumulated micro-batches. With the overflow check
-        also the overflow flag (bool; False on calls that only accumulate) and the loss
-        scale (float32), as MindSpore's loss-scale cell.
+        The loss (the micro-batches' mean on a stepping call); with the overflow check also
+        the overflow flag and the loss scale, as MindSpore's loss-scale cell.
 
     Raises:
-        ValueError: If ``accumulation_steps`` < 1, ``grad_clip_norm`` < 0 or ``allreduce_per``
-            is not one of ``ALLREDUCE_PER``.
+        ValueError: ``accumulation_steps`` < 1, ``grad_clip_norm`` < 0 or an unknown
+            ``allreduce_per``.
     """
 
     ALLREDUCE_PER = ("step", "micro_batch")
 
-    def __init__(self, network_with_loss, optimizer, scale_sense=None, check_overflow=False,
+    def __init__(self, network_with_loss, optimizer, *, scale_sense=None, check_overflow=False,
                  grad_clip_norm=0.0, accumulation_steps=1, ema=None, allreduce_per="step"):
         if accumulation_steps < 1:
             raise ValueError(f"grad_accumulation_steps must be >= 1, got {accumulation_steps}")
