@@ -55,7 +55,13 @@ import numpy as np
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy import formats, inference
-from src.deploy.publish import model_card, save_hub_folder, timm_config, torchvision_state
+from src.deploy.publish import (
+    check_folder_target,
+    model_card,
+    save_hub_folder,
+    timm_config,
+    torchvision_state,
+)
 from src.deploy.quantize import (
     check_quantize_config,
     export_int8,
@@ -181,6 +187,8 @@ def main(argv=None):
                           f"{cfg.file_format}): pass --dynamic_batch false for AIR")
     check_quantize_config(cfg.quantize, cfg.file_format, cfg.calibration_data_path)
     check_output_dir(os.path.dirname(os.path.abspath(cfg.file_name)), "file_name's folder")
+    if cfg.file_format == "SAFETENSORS":
+        check_folder_target(cfg.file_name)
     lock = lock_export(cfg)  # one export per file name at a time
     try:
         return export_locked(cfg)
@@ -191,8 +199,9 @@ def main(argv=None):
 def lock_export(cfg):
     """Lock the file ``cfg`` exports to, through ``FILE.lock`` beside it (``FileLock``, deleted
     when the export ends): a second export to the same name fails at once naming the first's
-    process instead of both writing it and both reporting success. A lock file left by an
-    export that was killed is taken over.
+    process instead of both writing it and both reporting success. The path is normalized
+    first (``DIR/`` and ``DIR``, or a link to it, lock the same file). A lock file left by
+    an export that was killed is taken over.
 
     Returns:
         FileLock: Held; ``release`` it when the export ends.
@@ -201,7 +210,10 @@ def lock_export(cfg):
         OutputDirError: If another export to that file runs (names it and the lock file).
         WriteError: If the lock file cannot be written (disk full).
     """
-    final = cfg.file_name + formats.FORMATS[cfg.file_format].suffix  # SAFETENSORS: the folder
+    suffix = formats.FORMATS[cfg.file_format].suffix  # SAFETENSORS: "", the folder
+    final = os.path.abspath(cfg.file_name + suffix)
+    final = (os.path.realpath(final) if not suffix else  # a folder is written where it leads
+             os.path.join(os.path.realpath(os.path.dirname(final)), os.path.basename(final)))
     path = final + ".lock"
     lock = FileLock(path, lambda holder: (
         f"{final} is being exported by another process (host and process id: {holder}, lock "

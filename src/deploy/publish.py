@@ -3,20 +3,33 @@ SAFETENSORS``): a folder of ``model.safetensors`` (torchvision's / timm's tensor
 ``config.json`` and a ``README.md`` model card, in timm's format (``timm/models/_hub.py``:
 ``save_for_hf``, ``save_config``). See docs/deployment.md#publish-on-the-hugging-face-hub.
 """
+import hashlib
 import json
+import logging
 import math
 import os
+import re
+import shutil
+import stat
+import tempfile
+import time
 
 import numpy as np
+import safetensors.numpy
 from mindspore import nn
 
 from src.utils.architectures import ARCHITECTURES
 from src.utils.checkpoint import source_names
-from src.utils.errors import WriteError
-from src.utils.files import atomic_write_text
+from src.utils.errors import OutputDirError, WriteError
+from src.utils.files import current_umask, plain_file_mode
 from src.utils.hub import CONFIG_FILE, WEIGHTS_FILE
 
+LOGGER = logging.getLogger(__name__)
+
 CARD_FILE = "README.md"
+MARKER = re.compile(r"<!-- written by export\.py: card sha256 (?P<card>[0-9a-f]{64}), "
+                    r"config\.json sha256 (?P<config>[0-9a-f]{64}) -->")
+"""``card_marker``'s line."""
 
 
 def torchvision_state(net: nn.Cell) -> dict[str, np.ndarray]:
@@ -116,28 +129,150 @@ def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | 
     return "\n".join(lines)
 
 
+def card_marker(card: str, config_text: str) -> str:
+    """The last line of a card the export writes: the SHA-256 of the card above it and of
+    its ``config.json`` text, by which the next export tells them from hand-edited ones."""
+    return (f"<!-- written by export.py: card sha256 {_sha256(card)}, config.json sha256 "
+            f"{_sha256(config_text)} -->\n")
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def edited_files(folder: str) -> list[str]:
+    """The ``README.md`` and ``config.json`` of an earlier export folder that its export did
+    not write as they are (no ``card_marker``, or another hash): hand-written or edited."""
+    texts = {}
+    for name in (CARD_FILE, CONFIG_FILE):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8", newline="") as f:
+                texts[name] = f.read()
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError):
+            texts[name] = None  # unreadable: not ours as far as can be told
+    card = texts.get(CARD_FILE) or ""
+    match = ([None, *MARKER.finditer(card)])[-1]  # the last one: lines added below it
+    ours = {}
+    if match:
+        ours = {CARD_FILE: card[match.end():] == "\n"
+                and _sha256(card[:match.start()]) == match["card"],
+                CONFIG_FILE: texts.get(CONFIG_FILE) is not None
+                and _sha256(texts[CONFIG_FILE]) == match["config"]}
+    return [name for name in texts if not ours.get(name)]
+
+
+def check_folder_target(folder: str) -> None:
+    """OutputDirError if ``folder`` (``file_name``) is an existing file, not a folder."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise OutputDirError(f"file_name {folder} is a file: file_format SAFETENSORS writes a "
+                             f"folder ({WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}); choose "
+                             f"another --file_name")
+
+
 def save_hub_folder(folder: str, state: dict[str, np.ndarray], config: dict,
                     card: str) -> list[str]:
-    """Write ``model.safetensors`` (``state``), ``config.json`` and ``README.md`` into
-    ``folder`` (created if missing), each whole or not at all; returns the files.
+    """Write ``model.safetensors`` (``state``), ``config.json`` and ``README.md`` (``card``
+    plus ``card_marker``) as the folder ``folder``, all three or none: into a staging folder
+    beside it, then switched with it. Other files of an earlier folder move into the new one;
+    if its card or config.json were edited (``edited_files``) it is kept beside, with a log
+    line. Modes follow the umask. See docs/deployment.md#writing-the-folder.
+
+    Returns:
+        list[str]: The three files.
 
     Raises:
-        WriteError: Naming the file that could not be written (an earlier one is kept).
+        OutputDirError: If ``folder`` is a file (``check_folder_target``).
+        WriteError: Naming what could not be written and the OS reason; the earlier folder
+            (or none) is left as it was and no staging file is left.
     """
-    from safetensors.numpy import save_file
-    os.makedirs(folder, exist_ok=True)
-    weights = os.path.join(folder, WEIGHTS_FILE)
-    partial = weights + ".partial"
+    folder = os.path.realpath(folder)
+    check_folder_target(folder)
+    parent, name = os.path.split(folder)
+    card += "" if card.endswith("\n") else "\n"
+    config_text = json.dumps(config, indent=2) + "\n"
+    files = {WEIGHTS_FILE: safetensors.numpy.save(state, metadata={"format": "pt"}),
+             CONFIG_FILE: config_text.encode("utf-8"),
+             CARD_FILE: (card + card_marker(card, config_text)).encode("utf-8")}
+    earlier = os.path.isdir(folder)
+    staging, target = None, folder
     try:
-        save_file(state, partial, metadata={"format": "pt"})  # timm's and transformers' tag
-        with open(partial, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(partial, weights)
-    except Exception as err:  # noqa: BLE001  OSError, safetensors' SafetensorError alike
-        if os.path.exists(partial):
-            os.remove(partial)
-        raise WriteError(f"cannot write {weights}: {err.strerror or err}") from err
-    files = [weights, os.path.join(folder, CONFIG_FILE), os.path.join(folder, CARD_FILE)]
-    atomic_write_text(files[1], json.dumps(config, indent=2) + "\n")
-    atomic_write_text(files[2], card)
-    return files
+        if earlier:
+            _check_writable(folder)
+        staging = tempfile.mkdtemp(dir=parent, prefix=f".{name}.staging.")
+        for file_name, data in files.items():
+            target = os.path.join(folder, file_name)
+            _write_file(os.path.join(staging, file_name), data)
+        target = folder
+        os.chmod(staging, stat.S_IMODE(os.stat(folder).st_mode) if earlier
+                 else 0o777 & ~current_umask())
+        if earlier:
+            _switch(folder, staging)
+        else:
+            os.rename(staging, folder)
+        staging = None
+    except OSError as err:
+        raise WriteError(f"cannot write {target}: {err.strerror or err}") from err
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [os.path.join(folder, f) for f in files]
+
+
+def _check_writable(folder):
+    """OSError (the OS reason) if no file can be made in ``folder``."""
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".write_check_")
+    os.close(fd)
+    os.remove(probe)
+
+
+def _write_file(path, data):
+    """``data`` to the new file ``path``, flushed to disk, a plain write's mode."""
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        plain_file_mode(f.fileno())
+        os.fsync(f.fileno())
+
+
+def _switch(folder, staging):
+    """Put ``staging`` in place of the existing ``folder`` (renamed aside, then back if the
+    second rename fails); move the earlier folder's other files into it, then keep the
+    earlier folder beside it if it held edited files, else delete it."""
+    edited = edited_files(folder)
+    aside = tempfile.mkdtemp(dir=os.path.dirname(folder),
+                             prefix=f".{os.path.basename(folder)}.earlier.")
+    try:
+        os.rename(folder, aside)  # replaces the empty folder ``aside``
+    except OSError:
+        os.rmdir(aside)
+        raise
+    try:
+        os.rename(staging, folder)
+    except OSError:
+        os.rename(aside, folder)
+        raise
+    for entry in sorted(os.listdir(aside)):
+        if entry not in (WEIGHTS_FILE, CONFIG_FILE, CARD_FILE):
+            try:
+                os.rename(os.path.join(aside, entry), os.path.join(folder, entry))
+            except OSError as err:
+                edited.append(f"{entry} ({err.strerror})")
+    if not edited:
+        shutil.rmtree(aside, ignore_errors=True)
+        if os.path.exists(aside):
+            LOGGER.warning("could not delete the earlier folder %s (moved aside): delete it "
+                           "by hand", aside)
+        return
+    kept = f"{folder}.before_export_{time.strftime('%Y%m%d-%H%M%S')}"
+    suffix = 0
+    while os.path.exists(kept + (f"-{suffix}" if suffix else "")):
+        suffix += 1
+    kept += f"-{suffix}" if suffix else ""
+    try:
+        os.rename(aside, kept)
+    except OSError:
+        kept = aside  # the new folder is in place: keep the earlier one where it is
+    LOGGER.warning("%s held %s not written by export.py (edited by hand?): the earlier folder "
+                   "is kept whole as %s", folder, " and ".join(edited), kept)
