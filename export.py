@@ -54,7 +54,7 @@ import numpy as np
 
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
-from src.deploy import formats, inference
+from src.deploy import formats, inference, quantize
 from src.deploy.publish import (
     check_folder_target,
     model_card,
@@ -64,7 +64,6 @@ from src.deploy.publish import (
 )
 from src.deploy.quantize import (
     check_quantize_config,
-    export_int8,
     reduce_range_for,
     select_calibration_images,
 )
@@ -95,8 +94,8 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=Fal
         fp32 = os.path.join(tmp, "fp32")
         formats.export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         formats.check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
-        export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                    eval_preprocess(cfg), reduce_range)
+        quantize.export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
+                             eval_preprocess(cfg), reduce_range=reduce_range)
 
 
 def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):

@@ -212,10 +212,11 @@ def test_one_value_per_channel_in_a_training_batchnorm_is_refused():
 
 
 def test_trainable_layers_limit_is_the_networks_stage_count():
-    # the config check (src.utils) cannot import src.models: the two constants must agree
-    from src.models.freeze import MAX_TRAINABLE_LAYERS as stages
+    # the limit lives in src.utils (the config check cannot import src.models); the network's
+    # stages that can train must number exactly that
+    from src.models.freeze import STAGES_LAST_FIRST
     from src.utils.limits import MAX_TRAINABLE_LAYERS
-    assert MAX_TRAINABLE_LAYERS == stages
+    assert MAX_TRAINABLE_LAYERS == len(STAGES_LAST_FIRST)
 
 
 # ---- numbers in YAML files read as on the command line (YAML 1.2, not PyYAML's 1.1) ----

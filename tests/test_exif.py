@@ -30,7 +30,7 @@ from src.data.transforms import (
     create_transforms,
     decode_rgb,
 )
-from src.deploy import formats, inference
+from src.deploy import formats, inference, quantize
 from src.deploy.inference import preprocess_images
 from src.deploy.quantize import ImageCalibrationReader
 from src.training.resume import check_same_recipe
@@ -240,7 +240,7 @@ def test_predict_py_hands_the_key_to_its_reader(photos, monkeypatch):
 def test_export_py_hands_the_key_to_calibration(monkeypatch, tmp_path):
     monkeypatch.setattr(formats, "export_model", lambda *a, **k: None)
     monkeypatch.setattr(formats, "check_exported", lambda *a, **k: None)
-    calls = capture(monkeypatch, export_entry, "export_int8")
+    calls = capture(monkeypatch, quantize, "export_int8")
     cfg = parse_config(["--exif_transpose", "true", "--file_format", "ONNX"])
     with pytest.raises(Captured):
         export_entry.export_int8_onnx(None, None, cfg, ["image.jpg"],

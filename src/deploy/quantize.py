@@ -204,7 +204,7 @@ def onnx_input_name(path: str) -> str:
     return onnx.load(path, load_external_data=False).graph.input[0].name
 
 
-def export_int8(fp32_path, out_path, paths, batch_size, preprocess, reduce_range=False):
+def export_int8(fp32_path, out_path, paths, batch_size, preprocess, *, reduce_range=False):
     """Quantize an exported float32 ONNX model to ``out_path``, calibrated on ``paths``, with
     progress (``src.utils.progress``); the file appears whole or not at all (written in a temporary
     folder beside it, then renamed).

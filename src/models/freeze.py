@@ -10,11 +10,11 @@ import mindspore as ms
 import mindspore.nn as nn
 
 from src.utils.device import apply_fusion_config
+from src.utils.limits import MAX_TRAINABLE_LAYERS
 
 STAGES_LAST_FIRST = ("layer4", "layer3", "layer2", "layer1", "conv1")
 """torchvision's order: the first ``trainable_layers`` of these train (5 = all, with ``bn1``)."""
 HEAD = "fc"  # the classifier: always trains
-MAX_TRAINABLE_LAYERS = len(STAGES_LAST_FIRST)  # trainable_layers is in 0..MAX_TRAINABLE_LAYERS
 
 
 def trainable_stages(trainable_layers: int) -> tuple[str, ...]:
