@@ -49,6 +49,15 @@ def test_create_network_builds_what_the_constructor_builds(name):
     assert default.fc.out_channels == 1000  # ModelZoo's default class_num
 
 
+def test_modelzoo_call_takes_class_num_by_position():
+    """ModelZoo's ``net = resnet50(class_num)``: the class count is the one positional argument."""
+    with no_init_parameters():
+        net = resnet50(10)
+    assert net.fc.out_channels == 10
+    with pytest.raises(TypeError):
+        resnet50(10, True)  # the other keywords are keyword-only
+
+
 def test_create_network_calls_the_registered_object(monkeypatch):
     calls = []
     monkeypatch.setitem(NETWORK_REGISTRY, "resnet50", lambda **kwargs: calls.append(kwargs))

@@ -34,7 +34,7 @@ def r18_3(tmp_path_factory):
     """A ResNet-18 checkpoint of 3 classes with ``eval_result.json`` and ``class_names.txt``
     beside it."""
     folder = tmp_path_factory.mktemp("ckpt")
-    ms.save_checkpoint(create_network("resnet18", 3), str(folder / "r18.ckpt"))
+    ms.save_checkpoint(create_network("resnet18", class_num=3), str(folder / "r18.ckpt"))
     (folder / "class_names.txt").write_text("cat\ndog\nfox\n")
     (folder / "eval_result.json").write_text(json.dumps(
         {"top1": 0.8123, "top5": 0.9567, "images": 50, "data_path": "data/val"}))

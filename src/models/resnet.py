@@ -266,31 +266,31 @@ def register_network(constructor: Callable[..., ResNet]) -> Callable[..., ResNet
 
 
 @register_network
-def resnet18(*, class_num: int = 1000, **kwargs: Any) -> ResNet:
+def resnet18(class_num: int = 1000, **kwargs: Any) -> ResNet:
     """ResNet-18; keywords as ``create_network``'s."""
     return _build("resnet18", class_num=class_num, **kwargs)
 
 
 @register_network
-def resnet34(*, class_num: int = 1000, **kwargs: Any) -> ResNet:
+def resnet34(class_num: int = 1000, **kwargs: Any) -> ResNet:
     """ResNet-34; keywords as ``create_network``'s."""
     return _build("resnet34", class_num=class_num, **kwargs)
 
 
 @register_network
-def resnet50(*, class_num: int = 1000, **kwargs: Any) -> ResNet:
+def resnet50(class_num: int = 1000, **kwargs: Any) -> ResNet:
     """ResNet-50 v1.5; keywords as ``create_network``'s."""
     return _build("resnet50", class_num=class_num, **kwargs)
 
 
 @register_network
-def resnet101(*, class_num: int = 1000, **kwargs: Any) -> ResNet:
+def resnet101(class_num: int = 1000, **kwargs: Any) -> ResNet:
     """ResNet-101 v1.5; keywords as ``create_network``'s."""
     return _build("resnet101", class_num=class_num, **kwargs)
 
 
 @register_network
-def resnet152(*, class_num: int = 1000, **kwargs: Any) -> ResNet:
+def resnet152(class_num: int = 1000, **kwargs: Any) -> ResNet:
     """ResNet-152 v1.5; keywords as ``create_network``'s."""
     return _build("resnet152", class_num=class_num, **kwargs)
 
