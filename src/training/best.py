@@ -4,8 +4,15 @@ on resume; the one owner of "best", as timm's ``CheckpointSaver``."""
 import json
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import mindspore.nn as nn
 
 from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
+from src.utils.tracking import TensorBoardLog
+
+if TYPE_CHECKING:
+    from src.training.evaluator import Evaluator
 
 
 def best_checkpoint_path(output_dir: str, prefix: str) -> str:
@@ -25,7 +32,7 @@ class BestCheckpoint:
         write (bool): This process writes (rank 0).
     """
 
-    def __init__(self, path, on_ema=False, write=True):
+    def __init__(self, path: str, on_ema: bool = False, write: bool = True):
         self.path, self.write = path, write
         self.metric = "ema_top1" if on_ema else "top1"
         self.top1 = -1.0
@@ -33,12 +40,12 @@ class BestCheckpoint:
         self.is_new = False  # whether the last evaluation set a new best
         self.error = None  # why the checkpoint could not be written
 
-    def score(self):
+    def score(self) -> dict | None:
         """The best so far, for the periodic checkpoints: ``{"top1", "epoch"}``, or None
         before the first evaluation."""
         return None if self.epoch is None else {"top1": self.top1, "epoch": self.epoch}
 
-    def restore(self, stored, in_folder=None):
+    def restore(self, stored: dict | None, in_folder: dict | None = None) -> None:
         """Continue a resumed run from the higher of ``stored`` (the resumed
         checkpoint's score) and ``in_folder`` (the folder's ``NET-best.ckpt``'s, ``folder_best``;
         ``stored`` on a tie); either may be None."""
@@ -49,7 +56,7 @@ class BestCheckpoint:
         if best is not None:
             self.top1, self.epoch = float(best["top1"]), int(best["epoch"])
 
-    def update(self, metrics, epoch, network):
+    def update(self, metrics: dict[str, float], epoch: int, network: nn.Cell) -> bool:
         """Take the evaluation ``metrics`` after ``epoch`` (1-based): if
         ``metrics[self.metric]`` beats the best, record it and save ``network`` (the one that metric
         measured) unless an earlier write failed. Returns whether it is a new best (``is_new``)."""
@@ -60,7 +67,7 @@ class BestCheckpoint:
                 self.save(network)
         return self.is_new
 
-    def save(self, network):
+    def save(self, network: nn.Cell) -> None:
         """Write ``network`` with the score, atomically; a failure goes to
         ``error`` (the ranks must agree on it), not raised."""
         try:
@@ -69,7 +76,7 @@ class BestCheckpoint:
             self.error = (f"cannot write the best checkpoint {self.path}: "
                           f"{str(err).splitlines()[0]}")
 
-    def record(self, metrics):
+    def record(self, metrics: dict[str, float]) -> dict[str, float]:
         """An epoch record's evaluation part: ``metrics`` with ``best_top1`` (the best so far)
         before ``eval_images``."""
         record = {key: value for key, value in metrics.items() if key != "eval_images"}
@@ -83,7 +90,7 @@ class EvalKeepingBest:
     """``TrainMonitor``'s ``evaluator``: run ``evaluator`` (an ``Evaluator``), let
     ``best`` take the result, return the record's evaluation part; ``error`` is ``best``'s."""
 
-    def __init__(self, evaluator, best):
+    def __init__(self, evaluator: "Evaluator", best: BestCheckpoint):
         self.evaluator, self.best = evaluator, best
 
     def __call__(self, epoch):
@@ -92,12 +99,13 @@ class EvalKeepingBest:
         return self.best.record(metrics)
 
     @property
-    def error(self):
+    def error(self) -> str | None:
         """Why the best checkpoint could not be written, or None."""
         return self.best.error
 
 
-def confusion_at_best(tracker, evaluator, best: BestCheckpoint, class_names: list[str],
+def confusion_at_best(tracker: TensorBoardLog | None, evaluator: "Evaluator | None",
+                      best: BestCheckpoint, class_names: list[str],
                       plot: Callable) -> Callable[[int, int], None] | None:
     """``TrainMonitor``'s ``after_eval``: after a new best, the chosen network's
     confusion matrix drawn by ``plot(confusion, class_names, path)`` as TensorBoard image
@@ -105,7 +113,7 @@ def confusion_at_best(tracker, evaluator, best: BestCheckpoint, class_names: lis
     if tracker is None or evaluator is None:
         return None
 
-    def after_eval(step, epoch):
+    def after_eval(step: int, epoch: int) -> None:
         if best.is_new and evaluator.confusion is not None:
             tracker.drawn_image("eval/confusion_matrix", step, lambda path: plot(
                 evaluator.confusion, class_names, path))

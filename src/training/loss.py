@@ -1,13 +1,15 @@
 """Training losses: label-smoothing cross-entropy (PyTorch's convention), soft-target
 and binary cross-entropy (timm's), optional per-class weights applied as PyTorch's
 ``weight`` argument, and ``create_loss``. See docs/training.md#losses."""
+from collections.abc import Sequence
+
 import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
 
 
-def smoothed_one_hot_values(smooth_factor, class_num):
+def smoothed_one_hot_values(smooth_factor: float, class_num: int) -> tuple[ms.Tensor, ms.Tensor]:
     """(on, off) of the smoothed one-hot target, 1 - eps + eps / K and
     eps / K, as float32 scalar Tensors.
 
@@ -23,7 +25,8 @@ def smoothed_one_hot_values(smooth_factor, class_num):
             ms.Tensor(smooth_factor / class_num, ms.float32))
 
 
-def weights_tensor(class_weights, class_num):
+def weights_tensor(class_weights: Sequence[float] | np.ndarray | None,
+                   class_num: int | None) -> ms.Tensor | None:
     """``class_weights`` (one per class) as a float32 (K,) Tensor constant (not
     checkpointed), or None; ``class_num`` None accepts any length.
 
@@ -53,7 +56,8 @@ class CrossEntropySmooth(nn.LossBase):
         float32 Tensor: scalar, or (N,) for ``none``.
     """
 
-    def __init__(self, smooth_factor=0.1, class_num=1000, reduction="mean", class_weights=None):
+    def __init__(self, smooth_factor: float = 0.1, class_num: int = 1000, reduction: str = "mean",
+                 class_weights: Sequence[float] | np.ndarray | None = None):
         super().__init__(reduction)
         self.class_num = class_num
         self.on_value, self.off_value = smoothed_one_hot_values(smooth_factor, class_num)
@@ -85,7 +89,9 @@ class SoftTargetCrossEntropy(nn.LossBase):
         float32 Tensor: scalar, or (N,) for ``none``.
     """
 
-    def __init__(self, reduction="mean", class_weights=None, class_num=None):
+    def __init__(self, reduction: str = "mean",
+                 class_weights: Sequence[float] | np.ndarray | None = None,
+                 class_num: int | None = None):
         super().__init__(reduction)
         self.log_softmax = nn.LogSoftmax(axis=-1)
         self.class_weights = weights_tensor(class_weights, class_num)
@@ -111,8 +117,10 @@ class BinaryCrossEntropy(nn.LossBase):
         float32 Tensor: scalar, or (N, K) for ``none``.
     """
 
-    def __init__(self, smooth_factor=0.1, class_num=1000, *, target_threshold=None,
-                 soft_targets=False, reduction="mean", class_weights=None):
+    def __init__(self, smooth_factor: float = 0.1, class_num: int = 1000, *,
+                 target_threshold: float | None = None, soft_targets: bool = False,
+                 reduction: str = "mean",
+                 class_weights: Sequence[float] | np.ndarray | None = None):
         super().__init__(reduction)
         if target_threshold is not None and not 0.0 <= target_threshold < 1.0:
             raise ValueError(f"target_threshold (bce_target_threshold) must be None or in "
@@ -155,8 +163,9 @@ LOSSES = {"ce": _make_ce, "bce": _make_bce}
 class_weights)``."""
 
 
-def create_loss(loss, label_smoothing, class_num, *, bce_target_threshold=0.0, soft_targets=False,
-                class_weights=None):
+def create_loss(loss: str, label_smoothing: float, class_num: int, *,
+                bce_target_threshold: float | None = 0.0, soft_targets: bool = False,
+                class_weights: Sequence[float] | np.ndarray | None = None) -> nn.LossBase:
     """The training loss ``loss`` (a key of ``LOSSES``): ``ce`` is
     ``CrossEntropySmooth`` for hard labels and ``SoftTargetCrossEntropy`` for ``soft_targets``
     (the mixer smooths them), ``bce`` is ``BinaryCrossEntropy``. ``class_weights``: float (K,)

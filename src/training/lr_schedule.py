@@ -2,11 +2,12 @@
 decay: cosine (NVIDIA's ``lr_cosine_policy`` per step), linear and step (ModelZoo's ResNet),
 poly (the MLPerf reference's ``PolynomialDecayWithWarmup``). See docs/training.md#lr-schedules."""
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 
-def scale_lr(base_lr, global_batch_size, base_batch_size=256):
+def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int = 256) -> float:
     """Linear scaling rule (Goyal et al. 2017): ``base_lr * global_batch_size /
     base_batch_size``."""
     return base_lr * global_batch_size / base_batch_size
@@ -25,7 +26,8 @@ def _check(total_steps, warmup_steps):
                          f"got {warmup_steps}")
 
 
-def warmup_cosine_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
+def warmup_cosine_lr(peak_lr: float, total_steps: int, warmup_steps: int,
+                     end_lr: float = 0.0) -> np.ndarray:
     """Warmup to ``peak_lr`` (step s < W: peak (s + 1) / W), then ``end + (peak -
     end) (1 + cos(pi t / T)) / 2``, t = s - W, T = total - W; float32 (total_steps,). Raises
     ValueError for inconsistent step counts."""
@@ -36,7 +38,8 @@ def warmup_cosine_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def warmup_linear_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
+def warmup_linear_lr(peak_lr: float, total_steps: int, warmup_steps: int,
+                     end_lr: float = 0.0) -> np.ndarray:
     """Warmup to ``peak_lr``, then linear decay towards ``end_lr`` (ModelZoo's
     "linear"); float32 (total_steps,)."""
     _check(total_steps, warmup_steps)
@@ -45,7 +48,8 @@ def warmup_linear_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0):
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def warmup_poly_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0, power=2.0):
+def warmup_poly_lr(peak_lr: float, total_steps: int, warmup_steps: int, end_lr: float = 0.0,
+                   power: float = 2.0) -> np.ndarray:
     """Warmup to ``peak_lr``, then ``end + (peak - end) (1 - t / D)^power``, t = s - W,
     D = total - W + 1: the MLPerf reference's decay (mlcommons/training ``lars_util.py``);
     float32 (total_steps,). Raises ValueError for inconsistent step counts or ``power`` <= 0."""
@@ -58,8 +62,8 @@ def warmup_poly_lr(peak_lr, total_steps, warmup_steps, end_lr=0.0, power=2.0):
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def warmup_step_lr(peak_lr, total_steps, warmup_steps, *, steps_per_epoch, decay_epochs,
-                   decay_factor=0.1):
+def warmup_step_lr(peak_lr: float, total_steps: int, warmup_steps: int, *, steps_per_epoch: int,
+                   decay_epochs: Sequence[int], decay_factor: float = 0.1) -> np.ndarray:
     """Warmup, then ``peak_lr`` times ``decay_factor`` at each epoch of
     ``decay_epochs`` (0-based starts, placed by ``steps_per_epoch``); float32 (total_steps,)."""
     _check(total_steps, warmup_steps)
@@ -69,9 +73,11 @@ def warmup_step_lr(peak_lr, total_steps, warmup_steps, *, steps_per_epoch, decay
     return np.array(_warmup(peak_lr, warmup_steps) + decay, dtype=np.float32)
 
 
-def create_lr(*, lr_schedule, base_lr, base_lr_batch_size, global_batch_size, epoch_size,
-              steps_per_epoch, warmup_epochs, lr_end=0.0, lr_decay_epochs=(),
-              lr_decay_factor=0.1, lr_poly_power=2.0):
+def create_lr(*, lr_schedule: str, base_lr: float, base_lr_batch_size: int,
+              global_batch_size: int, epoch_size: int, steps_per_epoch: int,
+              warmup_epochs: int, lr_end: float = 0.0, lr_decay_epochs: Sequence[int] = (),
+              lr_decay_factor: float = 0.1,
+              lr_poly_power: float = 2.0) -> tuple[np.ndarray, float]:
     """The per-step LR array of a recipe and its peak ``scale_lr(base_lr,
     global_batch_size, base_lr_batch_size)`` (``global_batch_size``: images per optimizer step
     over all devices): ``lr_schedule`` (a key of ``SCHEDULES``) over ``epoch_size *

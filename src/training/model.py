@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import mindspore as ms
 import mindspore.nn as nn
+import numpy as np
 from mindspore.train import Model
 
 from src.training.loss import CrossEntropySmooth, create_loss
@@ -35,13 +36,14 @@ class StepRecipe:
     allreduce_per: str = "step"
 
 
-def classification_metrics(class_num):
+def classification_metrics(class_num: int) -> dict[str, nn.Metric]:
     """``Model`` metrics: top-1 and top-5 (top-k with k = min(5, class_num)) on hard labels."""
     return {"top1": nn.Top1CategoricalAccuracy(),
             "top5": nn.TopKCategoricalAccuracy(min(5, class_num))}
 
 
-def build_model(net, lr, recipe, ema_decay=0.0, ema_warmup=False):
+def build_model(net: nn.Cell, lr: np.ndarray | float, recipe: StepRecipe, ema_decay: float = 0.0,
+                ema_warmup: bool = False) -> tuple[Model, WeightEma | None]:
     """The training ``Model`` of ``net`` (fp32, cast here by ``auto_mixed_precision``)
     with ``lr`` per optimizer step (or a constant) and ``recipe``, and its ``WeightEma``
     (``ema_decay`` 0 = none).
@@ -55,7 +57,7 @@ def build_model(net, lr, recipe, ema_decay=0.0, ema_warmup=False):
     return with_train_step(net, build_train_step(net, lr, recipe, ema), recipe), ema
 
 
-def with_train_step(net, train_step, recipe):
+def with_train_step(net: nn.Cell, train_step: TrainStep, recipe: StepRecipe) -> Model:
     """A ``Model`` training with ``train_step`` and evaluating ``net`` (already cast by
     ``auto_mixed_precision``): the eval cell gives (loss, logits, label), with top-1/top-5
     (``recipe``: ``amp_level``, ``label_smoothing``, ``class_num``)."""
@@ -63,7 +65,8 @@ def with_train_step(net, train_step, recipe):
                       train_network=train_step)
 
 
-def build_train_step(net, lr, recipe, ema=None):
+def build_train_step(net: nn.Cell, lr: np.ndarray | float, recipe: StepRecipe,
+                     ema: WeightEma | None = None) -> TrainStep:
     """The ``TrainStep`` of cast ``net``: loss, loss scaling, an optimizer over
     the parameters trainable now, accumulation, clipping and ``ema``; ``lr`` per step of this
     optimizer. A second call (LP-FT's switch) gives a fresh optimizer.
@@ -84,7 +87,7 @@ def build_train_step(net, lr, recipe, ema=None):
                      allreduce_per=recipe.allreduce_per)
 
 
-def resolve_allreduce_per(value, device_target):
+def resolve_allreduce_per(value: str, device_target: str) -> str:
     """``grad_accumulation_allreduce`` as given, "auto" being "step" on CPU
     and "micro_batch" on GPU and Ascend (no collective inside a data-dependent branch; see
     docs/distributed.md)."""
@@ -93,7 +96,8 @@ def resolve_allreduce_per(value, device_target):
     return "step" if device_target == "CPU" else "micro_batch"
 
 
-def eval_network(net, amp_level, label_smoothing, class_num):
+def eval_network(net: nn.Cell, amp_level: str, label_smoothing: float,
+                 class_num: int) -> nn.WithEvalCell:
     """Cast ``net`` in the evaluation cell: (per-image float32 loss (N,) of the
     training label smoothing's cross-entropy, logits (N, K) cast to float32 under O2/O3, label
     (N,)); unreduced so an evaluator can leave out a shard's padding. For ``Model(...,
@@ -102,7 +106,8 @@ def eval_network(net, amp_level, label_smoothing, class_num):
     return nn.WithEvalCell(net, eval_loss, add_cast_fp32=amp_level in ("O2", "O3"))
 
 
-def eval_model(net, amp_level, label_smoothing, class_num, train_network=None):
+def eval_model(net: nn.Cell, amp_level: str, label_smoothing: float, class_num: int,
+               train_network: nn.Cell | None = None) -> Model:
     """A ``Model`` evaluating cast ``net`` as ``build_model`` evaluates the live
     network (``eval_network``, top-1/top-5); ``train_network`` defaults to ``net``. Its ``eval``
     gives {"top1", "top5", "loss"}."""

@@ -18,14 +18,18 @@ from mindspore.ops import functional as F
 #: BatchNorm gamma/beta and every bias.
 NO_DECAY_SUFFIXES = (".gamma", ".beta", ".bias")
 
+#: A learning rate as ``nn.Optimizer`` takes it: a constant or one value per step.
+LearningRate = float | list[float] | np.ndarray | ms.Tensor
 
-def is_decayed(name):
+
+def is_decayed(name: str) -> bool:
     """Whether parameter ``name`` is a convolution or dense weight (decayed, adapted by
     LARS), not a BatchNorm gamma/beta or bias (``NO_DECAY_SUFFIXES``)."""
     return not name.endswith(NO_DECAY_SUFFIXES)
 
 
-def split_weight_decay(params):
+def split_weight_decay(
+        params: list[ms.Parameter]) -> tuple[list[ms.Parameter], list[ms.Parameter]]:
     """Split trainable parameters into (decayed, not decayed) by ``is_decayed``
     (NVIDIA's ResNet-50 v1.5 grouping)."""
     decay = [p for p in params if is_decayed(p.name)]
@@ -33,7 +37,7 @@ def split_weight_decay(params):
     return decay, no_decay
 
 
-def layer_ids(names):
+def layer_ids(names: list[str]) -> tuple[dict[str, int], int]:
     """Layer id of each parameter for layer-wise LR decay, as timm's
     ``ResNet.group_matcher(coarse=False)``: stem 0, each residual block the next, ``fc`` last.
     ``names``: every parameter name, frozen ones included. Returns (name -> id, layer count)."""
@@ -55,7 +59,8 @@ def layer_ids(names):
     return ids, head + 1
 
 
-def layer_lr_scales(names, layer_decay=1.0, head_lr_scale=1.0):
+def layer_lr_scales(names: list[str], layer_decay: float = 1.0,
+                    head_lr_scale: float = 1.0) -> dict[str, float]:
     r"""LR multiple of each parameter: timm's :math:`\text{layer\_decay}^{L-1-i}` for
     layer :math:`i` of :math:`L` (``layer_ids``), times ``head_lr_scale`` for the classifier.
 
@@ -68,7 +73,8 @@ def layer_lr_scales(names, layer_decay=1.0, head_lr_scale=1.0):
             for name, i in ids.items()}
 
 
-def parameter_groups(net, lr, weight_decay, layer_decay=1.0, head_lr_scale=1.0):
+def parameter_groups(net: nn.Cell, lr: np.ndarray | float, weight_decay: float,
+                     layer_decay: float = 1.0, head_lr_scale: float = 1.0) -> list[dict]:
     """Groups for ``nn.Optimizer`` of ``net``'s trainable parameters: decayed
     (``weight_decay``) or not (``split_weight_decay``); with ``layer_decay`` < 1 or
     ``head_lr_scale`` != 1 one group per (LR multiple, decayed or not) whose LR is ``lr`` (per
@@ -109,7 +115,7 @@ def lr_group_tags(names: list[str], layer_decay: float = 1.0,
 MAX_BIAS_CORRECTION_STEPS = 1 << 20
 
 
-def bias_correction_table(beta, max_steps=MAX_BIAS_CORRECTION_STEPS):
+def bias_correction_table(beta: float, max_steps: int = MAX_BIAS_CORRECTION_STEPS) -> np.ndarray:
     r"""Adam's bias corrections :math:`1 - \beta^t`, :math:`t = 1, 2, \dots`,
     computed in float64 on the host and rounded to float32; the table ends at the first 1.0 or
     after ``max_steps`` entries. See docs/training.md#bias-correction-tables.
@@ -267,8 +273,9 @@ class AdamW(_BiasCorrectedAdam):
     TRUST_RATIO = False
     MOMENT_PREFIXES = ("adam_m", "adam_v")
 
-    def __init__(self, params, learning_rate, *, beta1=0.9, beta2=0.999, eps=1e-8,
-                 weight_decay=0.0):
+    def __init__(self, params: list[ms.Parameter] | list[dict], learning_rate: LearningRate, *,
+                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 weight_decay: float = 0.0):
         super().__init__(params, learning_rate, beta1=beta1, beta2=beta2, eps=eps,
                          weight_decay=weight_decay)
 
@@ -281,8 +288,9 @@ class Lamb(_BiasCorrectedAdam):
     TRUST_RATIO = True
     MOMENT_PREFIXES = ("lamb_m", "lamb_v")
 
-    def __init__(self, params, learning_rate, *, beta1=0.9, beta2=0.999, eps=1e-6,
-                 weight_decay=0.0):
+    def __init__(self, params: list[ms.Parameter] | list[dict], learning_rate: LearningRate, *,
+                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
+                 weight_decay: float = 0.0):
         super().__init__(params, learning_rate, beta1=beta1, beta2=beta2, eps=eps,
                          weight_decay=weight_decay)
 
@@ -331,8 +339,9 @@ class Lars(nn.Optimizer):
 
     MOMENT_PREFIX = "lars_m"
 
-    def __init__(self, params, learning_rate, *, momentum=0.9, trust_coeff=0.001, eps=1e-8,
-                 weight_decay=0.0):
+    def __init__(self, params: list[ms.Parameter] | list[dict], learning_rate: LearningRate, *,
+                 momentum: float = 0.9, trust_coeff: float = 0.001, eps: float = 1e-8,
+                 weight_decay: float = 0.0):
         super().__init__(learning_rate, params, weight_decay)
         for name, value, low in (("momentum", momentum, None), ("trust_coeff", trust_coeff, 0),
                                  ("eps", eps, 0)):

@@ -5,7 +5,7 @@ import mindspore.nn as nn
 from src.utils.config import ConfigError
 
 
-def resolve_amp_level(amp_level, device_target):
+def resolve_amp_level(amp_level: str, device_target: str) -> str:
     """``amp_level`` "auto" -> O2 on GPU/Ascend, O0 on CPU (where MindSpore's
     fp16 kernels measured 2-4x slower than fp32 and bf16 fails); explicit levels pass through."""
     if amp_level != "auto":
@@ -16,7 +16,7 @@ def resolve_amp_level(amp_level, device_target):
 LOSS_SCALE_TYPES = ("auto", "fixed", "dynamic")
 
 
-def resolve_loss_scale_type(loss_scale_type, device_target):
+def resolve_loss_scale_type(loss_scale_type: str, device_target: str) -> str:
     """``loss_scale_type: auto`` -> ``dynamic`` on GPU/Ascend (as MindCV, torch.amp's
     ``GradScaler``, NVIDIA and timm), ``fixed`` on CPU (MindSpore has no overflow check there).
 
@@ -34,8 +34,9 @@ def resolve_loss_scale_type(loss_scale_type, device_target):
     return loss_scale_type
 
 
-def loss_scale_setup(amp_level, device_target, loss_scale, *, loss_scale_type="auto",
-                     scale_factor=2.0, scale_window=1000):
+def loss_scale_setup(amp_level: str, device_target: str, loss_scale: float, *,
+                     loss_scale_type: str = "auto", scale_factor: float = 2.0,
+                     scale_window: int = 1000) -> tuple[ms.Tensor | nn.Cell | None, bool, str]:
     """The loss scaling of ``TrainStep`` under ``amp_level``: none under O0; on
     GPU/Ascend a fixed or dynamic scale (``nn.DynamicLossScaleUpdateCell(loss_scale,
     scale_factor, scale_window)``) with the overflow check; on CPU (no overflow check) a fixed
