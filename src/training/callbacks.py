@@ -6,9 +6,11 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 
+import mindspore as ms
 import numpy as np
-from mindspore.train import Callback
+from mindspore.train import Callback, RunContext
 
 from src.utils.checkpoint import (
     OVERFLOW_COUNTER,
@@ -16,6 +18,7 @@ from src.utils.checkpoint import (
 from src.utils.errors import WriteError
 from src.utils.files import append_line
 from src.utils.logger import log_file_error
+from src.utils.tracking import TensorBoardLog
 
 LOGGER = logging.getLogger(__name__)
 
@@ -28,7 +31,7 @@ STOP_REASONS = {NONFINITE_LOSS: "non-finite loss",
 data parallel can exchange them (``StopSignals``)."""
 
 
-def loss_value(net_outputs):
+def loss_value(net_outputs: ms.Tensor | Sequence[ms.Tensor]) -> float:
     """The loss as a Python float from ``cb_params.net_outputs`` (a Tensor or a tuple whose
     first item is the loss, as with loss scaling)."""
     if isinstance(net_outputs, (tuple, list)):
@@ -36,7 +39,7 @@ def loss_value(net_outputs):
     return float(np.mean(net_outputs.asnumpy()))
 
 
-def step_status(net_outputs):
+def step_status(net_outputs: ms.Tensor | Sequence[ms.Tensor]) -> tuple[str, float]:
     """Classify a step from ``cb_params.net_outputs``.
 
     Returns:
@@ -50,7 +53,7 @@ def step_status(net_outputs):
     return ("ok" if math.isfinite(loss) else "nonfinite"), loss
 
 
-def passed_multiple(step, done, interval):
+def passed_multiple(step: int, done: int, interval: int) -> bool:
     """Whether the last ``done`` steps, ending at ``step``, reached or passed a multiple of
     ``interval`` (one step at a time: ``step`` is a multiple; in sink mode: a call of
     ``done`` steps went past one)."""
@@ -83,7 +86,8 @@ class StepState(Callback):
 
     OVERFLOW_WINDOW = 100
 
-    def __init__(self, start_step=0, max_overflow_fraction=0.5, accumulation_steps=1):
+    def __init__(self, start_step: int = 0, max_overflow_fraction: float = 0.5,
+                 accumulation_steps: int = 1):
         super().__init__()
         self.accumulation_steps = accumulation_steps
         self.model_steps_per_call = 1
@@ -106,13 +110,13 @@ class StepState(Callback):
         self._counted = 0  # its value at the last read
 
     @property
-    def must_stop(self):
+    def must_stop(self) -> bool:
         """Whether training cannot go on (a ``STOP_REASONS`` failure): this process's in one
         process, the agreed one (``stopped_by``) in data parallel, so every rank takes the
         same path through the collectives that follow (evaluation, the save of a stop)."""
         return (self.stopped_by if self.agreed else self.failure) is not None
 
-    def fail(self, reason, run_context):
+    def fail(self, reason: int, run_context: RunContext) -> None:
         """Note this process's reason to stop (a ``STOP_REASONS`` code; the first is kept).
         One process: training stops after this step. Data parallel: at the ranks' next
         agreement (``StopSignals``, at the end of every optimizer step and epoch)."""
@@ -120,18 +124,18 @@ class StepState(Callback):
         if not self.agreed:
             run_context.request_stop()
 
-    def set_call_size(self, model_steps):
+    def set_call_size(self, model_steps: int) -> None:
         """One call of the callbacks from now on covers ``model_steps`` ``Model`` steps: 1
         step by step, the sink size in dataset sink mode (then a multiple of
         ``accumulation_steps``)."""
         self.model_steps_per_call = model_steps
         self.steps_per_call = max(1, model_steps // self.accumulation_steps)
 
-    def on_train_begin(self, run_context):
+    def on_train_begin(self, run_context: RunContext) -> None:
         self._counter = _overflow_counter(run_context.original_args())
         self._counted = self._read_counter()
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         steps, self.micro_steps = divmod(self.micro_steps + self.model_steps_per_call,
                                          self.accumulation_steps)
         self.step_ended = steps > 0
@@ -196,7 +200,8 @@ class OptimizerStepCallbacks(Callback):
             (``StopSignals.install``).
     """
 
-    def __init__(self, state, callbacks, every_call=()):
+    def __init__(self, state: StepState, callbacks: Sequence[Callback],
+                 every_call: Sequence[Callable[[], None]] = ()):
         super().__init__()
         self.state, self.callbacks = state, list(callbacks)
         self.every_call = list(every_call)
@@ -205,28 +210,28 @@ class OptimizerStepCallbacks(Callback):
         for callback in self.callbacks:
             getattr(callback, hook)(run_context)
 
-    def on_train_begin(self, run_context):
+    def on_train_begin(self, run_context: RunContext) -> None:
         self._each("on_train_begin", run_context)
 
-    def on_train_epoch_begin(self, run_context):
+    def on_train_epoch_begin(self, run_context: RunContext) -> None:
         self._each("on_train_epoch_begin", run_context)
 
-    def on_train_step_begin(self, run_context):
+    def on_train_step_begin(self, run_context: RunContext) -> None:
         for call in self.every_call:
             call()
         if self.state.micro_steps == 0:
             self._each("on_train_step_begin", run_context)
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         for call in self.every_call:
             call()
         if self.state.step_ended:
             self._each("on_train_step_end", run_context)
 
-    def on_train_epoch_end(self, run_context):
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
         self._each("on_train_epoch_end", run_context)
 
-    def on_train_end(self, run_context):
+    def on_train_end(self, run_context: RunContext) -> None:
         self._each("on_train_end", run_context)
 
 
@@ -247,9 +252,12 @@ class TrainMonitor(Callback):
     multiple}``'s LRs. A record, line or best checkpoint not written stops training
     (``StepState.fail``, ``error``); records are written atomically."""
 
-    def __init__(self, state, *, lr, global_batch_size, steps_per_epoch, log_interval,
-                 metrics_path, logger, evaluator=None, eval_interval=1, tracker=None,
-                 lr_groups=None, after_eval=None):
+    def __init__(self, state: StepState, *, lr: np.ndarray, global_batch_size: int,
+                 steps_per_epoch: int, log_interval: int, metrics_path: str | None,
+                 logger: logging.Logger, evaluator: Callable[[int], dict] | None = None,
+                 eval_interval: int = 1, tracker: TensorBoardLog | None = None,
+                 lr_groups: dict[str, float] | None = None,
+                 after_eval: Callable[[int, int], None] | None = None):
         super().__init__()
         self.state = state
         self.lr = lr
@@ -268,17 +276,17 @@ class TrainMonitor(Callback):
         self.epoch_steps = self.window_steps = 0
         self.error = None
 
-    def on_train_begin(self, run_context):
+    def on_train_begin(self, run_context: RunContext) -> None:
         self.train_start = self.train_start or time.time()
 
-    def on_train_epoch_begin(self, run_context):
+    def on_train_epoch_begin(self, run_context: RunContext) -> None:
         # Model.train's epochs are sink calls in sink mode: reset at real epoch starts only
         if self.epoch_start is None or self.state.global_step % self.steps_per_epoch == 0:
             self.epoch_start = self.window_start = time.time()
             self.epoch_losses = []
             self.epoch_steps = self.window_steps = 0
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         state = self.state
         calls_steps = state.steps_per_call
         self.epoch_steps += calls_steps
@@ -316,7 +324,7 @@ class TrainMonitor(Callback):
                                "train/overflow_steps": state.overflow_steps})
             self.tracker.scalars(state.global_step, values)
 
-    def on_train_epoch_end(self, run_context):
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
         step = self.state.global_step
         if self.state.must_stop or step % self.steps_per_epoch:
             return  # mid-epoch (a sink call, a signal, a stop): no epoch record, no eval
@@ -360,10 +368,10 @@ class StopAtStep(Callback):
     """Stop ``Model.train`` once ``state``'s global step reaches ``step`` (the step-by-step
     head of a sink-mode run resumed off a call boundary). Listed after ``StepState``."""
 
-    def __init__(self, state, step):
+    def __init__(self, state: StepState, step: int):
         super().__init__()
         self.state, self.step = state, step
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         if self.state.global_step >= self.step:
             run_context.request_stop()

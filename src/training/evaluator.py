@@ -7,11 +7,13 @@ from dataclasses import replace
 from typing import NamedTuple
 
 import mindspore as ms
+import mindspore.nn as nn
 import numpy as np
-from mindspore.train import Callback
+from mindspore.train import Callback, Model, RunContext
 
 from src.data.pipeline import count_images, create_dataset
 from src.data.settings import Sampling
+from src.training.train_step import WeightEma
 from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks, sum_over_ranks
 
 
@@ -29,14 +31,15 @@ class EvalShard(NamedTuple):
     sum_arrays: Callable | None = None
 
 
-def shard_rows(total, num_shards, shard_id):
+def shard_rows(total: int, num_shards: int, shard_id: int) -> tuple[int, int]:
     """(images of shard ``shard_id``, rows it reads) when MindSpore's
     ``DistributedSampler`` splits ``total`` images unshuffled: shard s reads s, s + num_shards,
     ..., padded from the start to the same row count."""
     return len(range(shard_id, total, num_shards)), math.ceil(total / num_shards)
 
 
-def eval_shard(data_path, data_args, num_shards=None, shard_id=None):
+def eval_shard(data_path: str, data_args: dict, num_shards: int | None = None,
+               shard_id: int | None = None) -> EvalShard:
     """The eval set of this process: all of ``data_path``, or in data parallel
     (``num_shards`` > 1) shard ``shard_id`` with its image count and collectives.
     ``data_args``: ``create_dataset``'s keywords (``settings``, ``batch_size`` per device, ...;
@@ -80,18 +83,18 @@ class TopKCounter(Callback):
     (a shard's padding must not count), with ``class_num`` also the confusion matrix. Reads each
     step's ``(loss (N,), logits (N, C), label (N,))`` (``src.training.model``'s eval cells)."""
 
-    def __init__(self, limit=None, k=5, class_num=None):
+    def __init__(self, limit: int | None = None, k: int = 5, class_num: int | None = None):
         super().__init__()
         self.limit, self.k, self.class_num = limit, k, class_num
         self.on_eval_begin(None)
 
-    def on_eval_begin(self, run_context):
+    def on_eval_begin(self, run_context: RunContext | None) -> None:
         self.top1 = self.topk = self.images = 0
         self.loss_sum = 0.0
         self.confusion = (None if self.class_num is None
                           else np.zeros((self.class_num, self.class_num), np.int64))
 
-    def on_eval_step_end(self, run_context):
+    def on_eval_step_end(self, run_context: RunContext) -> None:
         outputs = run_context.original_args().net_outputs
         losses = outputs[0].asnumpy().reshape(-1)
         logits, labels = outputs[1].asnumpy(), outputs[2].asnumpy()
@@ -106,7 +109,7 @@ class TopKCounter(Callback):
             np.add.at(self.confusion, (labels[:keep].astype(np.int64), ranked[:, 0]), 1)
         self.images += keep
 
-    def counts(self):
+    def counts(self) -> EvalCounts:
         """The counts so far (``EvalCounts``)."""
         return EvalCounts(self.top1, self.topk, self.images, self.loss_sum, self.confusion)
 
@@ -118,20 +121,21 @@ class Evaluator:
     ``confusion_of`` ("top1" or "ema_top1", with ``class_num``) keeps that network's confusion
     matrix of each evaluation in ``confusion``."""
 
-    def __init__(self, model, shard, net, *, ema=None, ema_model=None, class_num=None,
-                 confusion_of=None):
+    def __init__(self, model: Model, shard: EvalShard, net: nn.Cell, *,
+                 ema: WeightEma | None = None, ema_model: Model | None = None,
+                 class_num: int | None = None, confusion_of: str | None = None):
         self.model, self.shard, self.net = model, shard, net
         self.class_num = class_num
         self.confusion_of = confusion_of if class_num is not None else None
         self.confusion = None
         self.ema, self.ema_model = ema, ema_model
 
-    def network(self, metric):
+    def network(self, metric: str) -> nn.Cell:
         """The network ``metric`` measures: the live one for ``"top1"``, the one holding the
         EMA's averages (as last evaluated) for ``"ema_top1"``."""
         return self.ema_model.predict_network if metric == "ema_top1" else self.net
 
-    def count(self, model, confusion=False):
+    def count(self, model: Model, confusion: bool = False) -> EvalCounts:
         """``EvalCounts`` of ``model`` on this process's shard (with the confusion matrix if
         ``confusion``)."""
         counter = TopKCounter(self.shard.image_count,
@@ -139,7 +143,7 @@ class Evaluator:
         model.eval(self.shard.dataset, callbacks=[counter], dataset_sink_mode=False)
         return counter.counts()
 
-    def combine(self, runs):
+    def combine(self, runs: list[EvalCounts]) -> list[EvalCounts]:
         """``runs`` (this shard's ``EvalCounts``, one per network) summed over the ranks:
         counts exactly, loss sums and confusion matrices in one float32 all-reduce (exact
         below 2**24 images); unchanged in one process."""
@@ -159,7 +163,7 @@ class Evaluator:
             out.append(EvalCounts(*ints[3 * i:3 * i + 3], float(summed[i]), confusion))
         return out
 
-    def rank0_statistics(self, network):
+    def rank0_statistics(self, network: nn.Cell) -> list[tuple[ms.Parameter, np.ndarray]]:
         """Give ``network``'s non-trainable parameters (BatchNorm moving statistics) rank 0's
         values (one all-reduce; on rank 0, and wherever they are equal, nothing is written).
 
@@ -178,7 +182,7 @@ class Evaluator:
                 changed.append((param, mine))
         return changed
 
-    def __call__(self):
+    def __call__(self) -> dict[str, float]:
         """Evaluate the network(s) now: ``{"top1", "top5", "eval_loss"[, "ema_top1",
         "ema_top5", "ema_eval_loss"], "eval_images"}`` over all ranks (losses per image); with
         ``confusion_of`` also sets ``confusion``."""

@@ -3,15 +3,17 @@ pipeline) or in dataset sink calls (one pipeline for the run), LP-FT's two phase
 exit status of the run (``finish``). Steps are optimizer steps throughout.
 """
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mindspore.train import Callback
+from mindspore.train import Callback, Model
 
 from src.training.callbacks import NOT_WRITTEN, STOP_REASONS, StepState, StopAtStep, TrainMonitor
 from src.training.profiler import ProfileSteps
 from src.training.saver import CheckpointSaver
+from src.training.signals import StopSignals
 
 EXIT_NONFINITE, EXIT_SAVE_FAILED = 3, 4
 """Exit statuses: a non-finite loss or parameters, or too many overflowed steps; a checkpoint,
@@ -45,19 +47,21 @@ class TrainPlan:
     run_dataset: Callable | None = None
 
     @property
-    def total_steps(self):
+    def total_steps(self) -> int:
         """Optimizer steps of the whole run."""
         return self.epoch_size * self.steps_per_epoch
 
 
-def stopped(callbacks, stop):
+def stopped(callbacks: TrainCallbacks, stop: StopSignals) -> bool:
     """Whether training must not go on: a signal, a non-finite loss or too many overflowed
     steps, or a checkpoint or record not written (in data parallel: as the ranks agreed, so
     every rank returns the same)."""
     return bool(stop.received or callbacks.state.must_stop)
 
 
-def train_run(model, callbacks, plan, start_step, stop, *, probe_end=0, fine_tune=None):
+def train_run(model: Model, callbacks: TrainCallbacks, plan: TrainPlan, start_step: int,
+              stop: StopSignals, *, probe_end: int = 0,
+              fine_tune: Callable[[Model], Model] | None = None) -> None:
     """Train from ``start_step`` (steps done) to the end of ``plan`` or a stop, step by
     step or in sink calls; with LP-FT (``probe_end`` > ``start_step``) the linear probe up to
     ``probe_end``, then, unless stopped, the ``Model`` ``fine_tune(model)`` returns."""
@@ -69,7 +73,8 @@ def train_run(model, callbacks, plan, start_step, stop, *, probe_end=0, fine_tun
     train_until(model, callbacks, plan, start_step, end_step=plan.total_steps, stop=stop)
 
 
-def train_until(model, callbacks, plan, start_step, *, end_step, stop):
+def train_until(model: Model, callbacks: TrainCallbacks, plan: TrainPlan, start_step: int, *,
+                end_step: int, stop: StopSignals) -> None:
     """Train from ``start_step`` to ``end_step`` (an epoch boundary), step by step or in sink
     calls (``plan.sink_size``)."""
     if plan.sink_size:
@@ -78,7 +83,8 @@ def train_until(model, callbacks, plan, start_step, *, end_step, stop):
         train_step_by_step(model, callbacks, plan, start_step, stop=stop, end_step=end_step)
 
 
-def train_step_by_step(model, callbacks, plan, start_step, *, stop, end_step=None):
+def train_step_by_step(model: Model, callbacks: TrainCallbacks, plan: TrainPlan, start_step: int,
+                       *, stop: StopSignals, end_step: int | None = None) -> None:
     """Train from ``start_step`` to ``end_step`` (an epoch boundary; default
     the end) or a stop, one batch per call: each epoch its own pipeline, a resumed run's trained
     batches skipped (the same images in the same order as an uninterrupted run); one
@@ -95,7 +101,9 @@ def train_step_by_step(model, callbacks, plan, start_step, *, stop, end_step=Non
                     initial_epoch=epoch)
 
 
-def train_in_sink_calls(model, callbacks, plan, start_step, *, stop, end_step=None):
+def train_in_sink_calls(model: Model, callbacks: TrainCallbacks, plan: TrainPlan,
+                        start_step: int, *, stop: StopSignals,
+                        end_step: int | None = None) -> None:
     """Train from ``start_step`` to ``end_step`` (a multiple of
     ``plan.sink_size``; default the end) or a stop in dataset sink mode: one pipeline and one
     ``Model.train`` call per run (or per LP-FT phase), so the graph compiles once; a resume off a
@@ -123,7 +131,8 @@ def train_in_sink_calls(model, callbacks, plan, start_step, *, stop, end_step=No
                 sink_size=sink_size * k, initial_epoch=start_step // sink_size)
 
 
-def finish(callbacks, stop, total_steps, output_dir, log):
+def finish(callbacks: TrainCallbacks, stop: StopSignals, total_steps: int, output_dir: str,
+           log: logging.Logger) -> int:
     """The exit status and closing message of a run: 0 done (also for a signal after the
     last step), ``EXIT_SAVE_FAILED``, ``EXIT_NONFINITE`` or 128 + the signal; in data parallel the
     agreed failure's (``StepState.stopped_by``), another rank's named."""
@@ -152,7 +161,7 @@ def finish(callbacks, stop, total_steps, output_dir, log):
     return 0
 
 
-def own_failure(callbacks):
+def own_failure(callbacks: TrainCallbacks) -> tuple[str, int] | None:
     """This process's reason to stop, as (message, exit status), or None."""
     state, saver, monitor = callbacks.state, callbacks.saver, callbacks.monitor
     if monitor.error and not saver.error:

@@ -5,9 +5,16 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 from src.data.sampling import class_count_summary, class_counts
-from src.data.split import TRAIN_SPLIT_FILE, VAL_SPLIT_FILE, training_labels, write_split_files
+from src.data.split import (
+    TRAIN_SPLIT_FILE,
+    VAL_SPLIT_FILE,
+    FolderSplit,
+    training_labels,
+    write_split_files,
+)
 from src.utils.errors import OutputDirError
 from src.utils.files import FileLock, atomic_write_text, check_output_dir
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
@@ -24,7 +31,7 @@ LOCK_FILE = ".run.lock"
 moved by ``--overwrite``."""
 
 
-def earlier_run_files(output_dir):
+def earlier_run_files(output_dir: str) -> list[str]:
     """The files of an earlier run in ``output_dir``: its checkpoints first, then its
     records. Empty when the folder holds neither a checkpoint nor ``metrics.jsonl`` (a run
     that stopped during start-up leaves nothing worth keeping apart)."""
@@ -36,7 +43,7 @@ def earlier_run_files(output_dir):
     return found + records
 
 
-def records_after(output_dir, done_steps):
+def records_after(output_dir: str, done_steps: int) -> list[str]:
     """The ``metrics.jsonl`` lines of steps after ``done_steps``, in file order."""
     path = os.path.join(output_dir, RECORDS)
     if not os.path.isfile(path):
@@ -45,7 +52,7 @@ def records_after(output_dir, done_steps):
         return [line for line in f if line.strip() and _record_step(line) > done_steps]
 
 
-def trim_records(output_dir, done_steps):
+def trim_records(output_dir: str, done_steps: int) -> int:
     """Drop the ``metrics.jsonl`` records of steps after ``done_steps`` (the resumed
     checkpoint's: the checkpoint is the truth), rewriting the file atomically; returns how many.
 
@@ -70,7 +77,8 @@ def _record_step(line):
         return -1  # not a record of ours: kept
 
 
-def prepare_output_dir(output_dir, starts_fresh, overwrite, resume_auto=False):
+def prepare_output_dir(output_dir: str, starts_fresh: bool, overwrite: bool,
+                       resume_auto: bool = False) -> str | None:
     """Create ``output_dir``; for a run that ``starts_fresh`` (step 0) refuse
     an earlier run's checkpoints or records in it, or with ``overwrite`` move them into a new
     ``previous_run_<time>/`` inside it (nothing is deleted) and return that folder (else None).
@@ -118,7 +126,7 @@ def _moved_folder(output_dir):
     return moved_to
 
 
-def move_branch_aside(output_dir, later_files, done_steps):
+def move_branch_aside(output_dir: str, later_files: Sequence[str], done_steps: int) -> str:
     """With ``--overwrite``, for a run resumed before its newest checkpoint:
     move ``later_files`` (later checkpoints, a later ``NET-best.ckpt``) and the records after
     ``done_steps`` (as a ``metrics.jsonl`` of their own) into a new ``previous_run_<time>``
@@ -145,7 +153,7 @@ class OutputDirLock(FileLock):
         output_dir (str): The run's folder (created if missing).
     """
 
-    def __init__(self, output_dir):
+    def __init__(self, output_dir: str):
         self.output_dir = output_dir
         path = os.path.join(output_dir, LOCK_FILE)
         super().__init__(path, lambda holder: (
@@ -153,7 +161,7 @@ class OutputDirLock(FileLock):
             f"{holder}, lock file {path}): wait for it to end, or choose another "
             f"--output_dir"), f"output_dir {output_dir}")
 
-    def acquire(self):
+    def acquire(self) -> str | None:
         """``FileLock.acquire``, the folder created first.
 
         Raises:
@@ -168,8 +176,11 @@ class OutputDirLock(FileLock):
         return super().acquire()
 
 
-def record_training_images(output_dir, data_path, class_names, log, *, split=None, val_split=0.0,
-                           changed=(), write=True, for_eval=False, suggest_balance=False):
+def record_training_images(output_dir: str, data_path: str, class_names: list[str],
+                           log: logging.Logger, *, split: FolderSplit | None = None,
+                           val_split: float = 0.0, changed: Sequence[str] = (),
+                           write: bool = True, for_eval: bool = False,
+                           suggest_balance: bool = False) -> None:
     """The training images of a class-folder run in the log: with a
     ``split`` (``checked_split``; ``val_split`` its fraction, ``changed`` the lists it changes)
     its two file lists written into ``output_dir`` when ``write`` and a line of their sizes, then

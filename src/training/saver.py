@@ -3,11 +3,13 @@ epochs / ``save_checkpoint_steps`` steps and on a stop, pruned to the run's own 
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
 
 import numpy as np
-from mindspore.train import Callback
+from mindspore.train import Callback, RunContext
 
-from src.training.callbacks import NONFINITE_PARAMETERS, NOT_WRITTEN, passed_multiple
+from src.training.callbacks import NONFINITE_PARAMETERS, NOT_WRITTEN, StepState, passed_multiple
+from src.training.signals import StopSignals
 from src.utils.checkpoint import (
     BEST_KEY,
     CONFIG_KEY,
@@ -30,9 +32,11 @@ class CheckpointSaver(Callback):
     writes. A checkpoint not written or non-finite parameters stop training (``error``,
     ``diverged``, ``last_saved``). See docs/reliability.md#checkpoint-saves."""
 
-    def __init__(self, state, stop, *, output_dir, prefix, steps_per_epoch, total_steps,
-                 run_config="{}", save_epochs=1, save_steps=0, keep_max=10, own_files=(),
-                 write=True, best=None, train_data=""):
+    def __init__(self, state: StepState, stop: StopSignals, *, output_dir: str, prefix: str,
+                 steps_per_epoch: int, total_steps: int, run_config: str = "{}",
+                 save_epochs: int = 1, save_steps: int = 0, keep_max: int = 10,
+                 own_files: Sequence[str] = (), write: bool = True,
+                 best: Callable[[], dict | None] | None = None, train_data: str = ""):
         super().__init__()
         self.state, self.stop = state, stop
         self.output_dir, self.prefix = output_dir, prefix
@@ -52,7 +56,7 @@ class CheckpointSaver(Callback):
         """After a non-finite loss or an agreed stop (the same on every rank)."""
         return self.state.nonfinite_step or self.state.stopped_by
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         if self._saves_nothing():
             return
         step, done = self.state.global_step, self.state.steps_per_call
@@ -70,7 +74,7 @@ class CheckpointSaver(Callback):
             else:
                 self.step_save_due = True  # after the epoch's record: on_train_epoch_end
 
-    def on_train_epoch_end(self, run_context):
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
         if self.error or self._saves_nothing():
             return
         step = self.state.global_step
@@ -80,7 +84,7 @@ class CheckpointSaver(Callback):
                                                              or step == self.total_steps)):
             self.save(run_context)  # a signal during epoch-end eval saves here too
 
-    def save(self, run_context):
+    def save(self, run_context: RunContext) -> None:
         """Write the training cell's state (network, optimizer, step, run config) under the
         current position, atomically; on failure record ``error`` and stop training."""
         step = self.state.global_step

@@ -4,10 +4,11 @@ a file not written). A second signal exits at once."""
 import logging
 import os
 import signal
+from collections.abc import Callable
 
-from mindspore.train import Callback
+from mindspore.train import Callback, RunContext
 
-from src.training.callbacks import STOP_REASONS
+from src.training.callbacks import STOP_REASONS, StepState
 
 LOGGER = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class StopSignals(Callback):
 
     REASON_UNIT = 256  # the exchanged int: signal number + REASON_UNIT x failure reason
 
-    def __init__(self, logger, exit_now=os._exit, gather=None):
+    def __init__(self, logger: logging.Logger, exit_now: Callable[[int], None] = os._exit,
+                 gather: Callable[[int], list[int]] | None = None):
         super().__init__()
         self.logger = logger
         self.exit_now = exit_now
@@ -41,7 +43,7 @@ class StopSignals(Callback):
         self._gather = gather
         self._previous = {}
 
-    def watch(self, state):
+    def watch(self, state: StepState) -> "FailureAgreement":
         """Agree on ``state``'s failures (a ``StepState``) too; returns the callback that
         exchanges them at the end of every epoch (``FailureAgreement``), to be listed after
         the callbacks that write files."""
@@ -50,27 +52,27 @@ class StopSignals(Callback):
         return FailureAgreement(self)
 
     @property
-    def signum(self):
+    def signum(self) -> int | None:
         """The signal that stopped training (an int), or None."""
         return getattr(signal, self.received) if self.received else None
 
     @property
-    def collective(self):
+    def collective(self) -> bool:
         """Whether the stop is agreed over the ranks (data parallel)."""
         return self._gather is not None
 
-    def gather(self, value):
+    def gather(self, value: int) -> list[int]:
         """Every rank's ``value`` in rank order (``[value]`` outside data parallel); every rank
         must call it at the same point."""
         return self._gather(value) if self.collective else [value]
 
-    def install(self):
+    def install(self) -> None:
         """Catch SIGINT and SIGTERM (the handlers found first are kept for ``restore``)."""
         for signum in self.SIGNALS:
             previous = signal.signal(signum, self._handle)
             self._previous.setdefault(signum, previous)
 
-    def restore(self):
+    def restore(self) -> None:
         """Put back the handlers found before the first ``install``."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
@@ -89,7 +91,7 @@ class StopSignals(Callback):
                             "(Ctrl-C again to exit at once, without saving)", name,
                             ", every rank after the same step" if self.collective else "")
 
-    def on_train_begin(self, run_context):
+    def on_train_begin(self, run_context: RunContext) -> None:
         from mindspore import ParallelMode
 
         cb_params = run_context.original_args()
@@ -104,10 +106,10 @@ class StopSignals(Callback):
         if self.state is not None:
             self.state.agreed = self.collective
 
-    def on_train_step_begin(self, run_context):
+    def on_train_step_begin(self, run_context: RunContext) -> None:
         self.install()
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         self.install()
         if self.collective and (self.received is None or self._failures_open()):
             self._agree(run_context, signals=self.received is None)
@@ -116,7 +118,7 @@ class StopSignals(Callback):
         """Whether failures are still exchanged (none agreed yet); the same on every rank."""
         return self.state is not None and self.state.stopped_by is None
 
-    def agree_failures(self, run_context):
+    def agree_failures(self, run_context: RunContext) -> None:
         """Exchange the failures alone (``FailureAgreement``, at the end of an epoch)."""
         if self.collective and self._failures_open():
             self._agree(run_context, signals=False)
@@ -156,9 +158,9 @@ class FailureAgreement(Callback):
     (``StopSignals.agree_failures``), so a write that failed on rank 0 stops every rank after that
     step."""
 
-    def __init__(self, stop):
+    def __init__(self, stop: StopSignals):
         super().__init__()
         self.stop = stop
 
-    def on_train_epoch_end(self, run_context):
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
         self.stop.agree_failures(run_context)

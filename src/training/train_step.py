@@ -30,7 +30,7 @@ class WeightEma(nn.Cell):
         ValueError: If ``decay`` is outside [0, 1).
     """
 
-    def __init__(self, network, decay, warmup=False):
+    def __init__(self, network: nn.Cell, decay: float, warmup: bool = False):
         super().__init__(auto_prefix=False)
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1) (0 = off), got {decay}")
@@ -42,7 +42,7 @@ class WeightEma(nn.Cell):
         self.warmup = warmup
         self.hyper_map = ops.HyperMap()
 
-    def by_network_name(self):
+    def by_network_name(self) -> dict[str, Parameter]:
         """The averages keyed by the network's parameter names (``ema.`` prefix dropped)."""
         return {p.name[len(EMA_PREFIX):]: p for p in self.averages}
 
@@ -114,8 +114,10 @@ class TrainStep(nn.TrainOneStepWithLossScaleCell):
 
     ALLREDUCE_PER = ("step", "micro_batch")
 
-    def __init__(self, network_with_loss, optimizer, *, scale_sense=None, check_overflow=False,
-                 grad_clip_norm=0.0, accumulation_steps=1, ema=None, allreduce_per="step"):
+    def __init__(self, network_with_loss: nn.Cell, optimizer: nn.Optimizer, *,
+                 scale_sense: Tensor | nn.Cell | None = None, check_overflow: bool = False,
+                 grad_clip_norm: float = 0.0, accumulation_steps: int = 1,
+                 ema: WeightEma | None = None, allreduce_per: str = "step"):
         if accumulation_steps < 1:
             raise ValueError(f"grad_accumulation_steps must be >= 1, got {accumulation_steps}")
         if allreduce_per not in self.ALLREDUCE_PER:
