@@ -42,7 +42,7 @@ def rand_augment_space(image_size: int, num_bins: int = MAGNITUDE_BINS) -> dict:
 def _augment_space(num_bins, *, shear, shift, rotate, enhance, posterize_drop):
     """The op table both spaces share: each magnitude linear from 0 to its maximum over the
     bins (Solarize from 255 down to 0), Posterize from 8 bits down to 8 - ``posterize_drop``."""
-    def ramp(top):
+    def ramp(top: float) -> np.ndarray:
         return np.linspace(0.0, top, num_bins)
     return {"Identity": (None, False),
             "ShearX": (ramp(shear), True), "ShearY": (ramp(shear), True),

@@ -92,7 +92,7 @@ def checkpoint_onnx_predictor(checkpoint_path: str, *, net_name: str, class_num:
     folded = fold_batchnorm(net)
     sessions = {}
 
-    def run(images):
+    def run(images: np.ndarray) -> np.ndarray:
         shape = tuple(images.shape[1:])
         if shape not in sessions:
             sessions[shape] = onnx_of_network(net, shape)

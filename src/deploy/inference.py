@@ -2,7 +2,7 @@
 predictors of ``src.deploy.formats``), and images read as the eval pipeline reads them."""
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import mindspore as ms
 import numpy as np
@@ -75,7 +75,7 @@ def list_images(image_path: str) -> list[str]:
         raise MissingFileError(f"image_path {image_path!r} is neither a file nor a folder")
     extensions = {e.lower() for e in IMAGE_EXTENSIONS}
 
-    def is_image(name):
+    def is_image(name: str) -> bool:
         return os.path.splitext(name)[1].lower() in extensions and not name.startswith(".")
 
     top = list_folder(image_path, is_image)
@@ -107,7 +107,7 @@ def list_images(image_path: str) -> list[str]:
     return sorted(found)
 
 
-def preprocess_images(paths, preprocess=None):
+def preprocess_images(paths: list[str], preprocess: EvalPreprocess | None = None) -> np.ndarray:
     """Read and preprocess images exactly as the eval pipeline does.
 
     Args:
@@ -159,7 +159,7 @@ def load_mindir(path: str) -> nn.GraphCell:
     return ms.nn.GraphCell(graph)
 
 
-def declared_shape(dims) -> tuple[int | None, ...] | None:
+def declared_shape(dims: Iterable[int | str | None] | None) -> tuple[int | None, ...] | None:
     """Declared input dimensions as a tuple (None where not a fixed positive int: any size),
     or None when none are declared."""
     return tuple(d if isinstance(d, int) and d > 0 else None for d in dims or ()) or None
@@ -206,7 +206,7 @@ def load_onnx(path: str) -> tuple[Forward, tuple[int | None, ...] | None]:
             declared_shape(declared.shape))
 
 
-def chunks(items, batch_size: int):
+def chunks(items: np.ndarray | list, batch_size: int) -> Iterator[np.ndarray | list]:
     """Consecutive slices of at most ``batch_size`` items (of an array or a list)."""
     return (items[start:start + batch_size] for start in range(0, len(items), batch_size))
 
@@ -247,7 +247,7 @@ def batched(forward: Forward, batch_size: int, kind: str, path: str,
     """
     fixed_batch = input_shape is None or input_shape[0] is not None
 
-    def run(images):
+    def run(images: np.ndarray) -> np.ndarray:
         outputs = []
         for chunk in chunks(images, batch_size):
             count = len(chunk)

@@ -18,6 +18,7 @@ import numpy as np
 import safetensors.numpy
 from mindspore import nn
 
+from src.data.settings import EvalPreprocess
 from src.utils.architectures import ARCHITECTURES
 from src.utils.checkpoint import source_names
 from src.utils.errors import OutputDirError, WriteError
@@ -53,7 +54,8 @@ def crop_pct_for(image_size: int, eval_resize: int) -> float:
     return crop_pct
 
 
-def timm_config(net_name, class_num, preprocess, label_names=None):
+def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
+                label_names: list[str] | None = None) -> dict:
     """``config.json`` in timm's format for our weights.
 
     Args:

@@ -14,6 +14,7 @@ import tempfile
 import numpy as np
 
 from src.data.image_check import METADATA_PREFIX, is_image_name
+from src.data.settings import EvalPreprocess
 from src.deploy.inference import chunks, preprocess_images
 from src.utils.config import ConfigError
 from src.utils.errors import MissingFileError
@@ -103,14 +104,15 @@ class ImageCalibrationReader:
         progress (Progress, optional): Told the number of images of each batch read.
     """
 
-    def __init__(self, paths, input_name, batch_size, preprocess, progress=None):
+    def __init__(self, paths: list[str], input_name: str, batch_size: int,
+                 preprocess: EvalPreprocess, progress: Progress | None = None):
         self.input_name = input_name
         self.batch_size = batch_size
         self.preprocess = preprocess
         self.progress = progress
         self.batches = chunks(paths, batch_size)
 
-    def get_next(self):
+    def get_next(self) -> dict[str, np.ndarray] | None:
         """The next batch as ``{input_name: float32 (batch_size, 3, size, size)}``; None at
         the end."""
         paths = next(self.batches, None)
@@ -177,7 +179,7 @@ def reduce_range_for(setting: str, cpuinfo: str | None = None,
     return not flags.intersection(VNNI_FLAGS)
 
 
-def quantize_int8(fp32_path: str, int8_path: str, reader, workdir: str,
+def quantize_int8(fp32_path: str, int8_path: str, reader: ImageCalibrationReader, workdir: str,
                   reduce_range: bool = False) -> None:
     """Quantize ``fp32_path`` to ``int8_path`` (``prepare_model`` in ``workdir``, then
     ``quantize_static`` as in the module docstring, calibrated on ``reader``'s batches) and
@@ -204,7 +206,8 @@ def onnx_input_name(path: str) -> str:
     return onnx.load(path, load_external_data=False).graph.input[0].name
 
 
-def export_int8(fp32_path, out_path, paths, batch_size, preprocess, *, reduce_range=False):
+def export_int8(fp32_path: str, out_path: str, paths: list[str], batch_size: int,
+                preprocess: EvalPreprocess, *, reduce_range: bool = False) -> None:
     """Quantize an exported float32 ONNX model to ``out_path``, calibrated on ``paths``, with
     progress (``src.utils.progress``); the file appears whole or not at all (written in a temporary
     folder beside it, then renamed).

@@ -86,7 +86,8 @@ class ClassReport:
                 "misclassified": misclassified}
 
 
-def top_confusions(confusion, names: Sequence[str], top: int = TOP_CONFUSIONS) -> list[str]:
+def top_confusions(confusion: np.ndarray | Sequence[Sequence[int]], names: Sequence[str],
+                   top: int = TOP_CONFUSIONS) -> list[str]:
     """The ``top`` largest off-diagonal cells as ``"true -> predicted: count"`` lines."""
     off = np.array(confusion, np.int64)
     np.fill_diagonal(off, 0)
@@ -95,7 +96,8 @@ def top_confusions(confusion, names: Sequence[str], top: int = TOP_CONFUSIONS) -
     return [f"{names[t]} -> {names[p]}: {off[t, p]}" for t, p in cells if off[t, p] > 0]
 
 
-def plot_confusion(confusion, names: Sequence[str], path: str) -> None:
+def plot_confusion(confusion: np.ndarray | Sequence[Sequence[int]], names: Sequence[str],
+                   path: str) -> None:
     """Write the confusion matrix as a PNG (matplotlib), atomically: rows true classes,
     columns predicted, cells coloured by the share of the row; up to ``FULL_PLOT_CLASSES``
     classes every row and column is named and each cell shows its count; beyond, the picture

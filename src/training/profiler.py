@@ -3,13 +3,16 @@
 backend and how the summary reads them: docs/training.md#profiling-a-run."""
 import csv
 import glob
+import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 
 import mindspore as ms
-from mindspore.train import Callback
+from mindspore.train import Callback, RunContext
 
+from src.training.callbacks import StepState
 from src.utils.config import ConfigError
 
 CONFIG_KEY = "profile_steps"
@@ -22,7 +25,7 @@ VIEWERS = ("MindStudio Insight (the MindSpore docs' viewer: open the folder), "
            "chrome://tracing or https://ui.perfetto.dev (open trace_view.json)")
 
 
-def parse_profile_steps(values):
+def parse_profile_steps(values: Sequence[int] | None) -> tuple[int, int] | None:
     """``profile_steps`` checked: ``[A, B]`` (global optimizer steps, 1-based,
     inclusive) -> ``(A, B)``; empty or None -> None (off).
 
@@ -52,7 +55,8 @@ def _device_activities():
     return [ProfilerActivity.CPU] + extra
 
 
-def find_op_statistics(folder, since=0.0, pid=None):
+def find_op_statistics(folder: str, since: float = 0.0,
+                       pid: int | None = None) -> tuple[str, str] | None:
     """(path, kind) of the preferred op statistics file under ``folder``
     (device before host, then the newest), modified at or after ``since`` and, with ``pid``, in
     that process's ``*_ascend_ms`` session (or directly in ``folder``, GPU); None if none."""
@@ -85,7 +89,7 @@ def _column(header, *names, contains=None):
     return None
 
 
-def read_op_statistics(path):
+def read_op_statistics(path: str) -> list[dict]:
     """Per-op-type totals of a MindSpore (``cpu_/gpu_op_type_info``) or Ascend
     (``op_statistic.csv``) op statistics CSV, read by its header (time in ms, or us when the
     header says so): dicts of ``op_type``, ``time_ms`` (over the profiled steps) and ``calls``
@@ -117,7 +121,7 @@ def read_op_statistics(path):
     return list(totals.values())
 
 
-def top_ops(stats, top=TOP_OPS):
+def top_ops(stats: list[dict], top: int = TOP_OPS) -> tuple[list[dict], float]:
     """(the ``top`` op types of ``stats`` by total time, each with its ``share`` of all op
     time in 0..1; that total in ms)."""
     total = sum(s["time_ms"] for s in stats)
@@ -125,7 +129,7 @@ def top_ops(stats, top=TOP_OPS):
     return [dict(s, share=s["time_ms"] / total if total > 0 else 0.0) for s in ranked], total
 
 
-def format_table(ops, total_ms, op_type_count, steps):
+def format_table(ops: list[dict], total_ms: float, op_type_count: int, steps: int) -> str:
     """The logged table: op type, total ms, ms per step, share, calls; then the total."""
     width = max([len("op type")] + [len(o["op_type"]) for o in ops])
     lines = [f"  {'op type':<{width}}  {'time ms':>10}  {'ms/step':>9}  {'share':>6}  "
@@ -155,8 +159,8 @@ class ProfileSteps(Callback):
         last_step (int): The last step it profiles.
     """
 
-    def __init__(self, state, first_step, last_step, *, output_dir, logger, total_steps=None,
-                 top=TOP_OPS):
+    def __init__(self, state: StepState, first_step: int, last_step: int, *, output_dir: str,
+                 logger: logging.Logger, total_steps: int | None = None, top: int = TOP_OPS):
         super().__init__()
         self.state = state
         self.first_step, self.last_step = first_step, last_step
@@ -211,7 +215,7 @@ class ProfileSteps(Callback):
                             "folder %s", what, type(err).__name__, str(err).splitlines()[0]
                             if str(err) else "", self.output_dir)
 
-    def on_train_step_begin(self, run_context):
+    def on_train_step_begin(self, run_context: RunContext) -> None:
         if self._phase not in ("waiting", "warmup", "recording"):
             return
         done = self.state.global_step
@@ -242,15 +246,15 @@ class ProfileSteps(Callback):
         except Exception as err:  # pylint: disable=broad-except
             self._fail("cannot start the profiler", err)
 
-    def on_train_step_end(self, run_context):
+    def on_train_step_end(self, run_context: RunContext) -> None:
         if self._phase == "recording" and self.state.global_step >= self.last_step:
             self.close()
 
-    def on_train_end(self, run_context):
+    def on_train_end(self, run_context: RunContext) -> None:
         if self._phase in ("warmup", "recording") and run_context.get_stop_requested():
             self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Stop the profiling session if one is open, analyse the steps it recorded and log
         the summary. Called after ``last_step``; train.py also calls it when training ends
         (it does nothing when no session is open, and may be called again)."""

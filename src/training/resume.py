@@ -8,9 +8,11 @@ data order is restored by building each epoch's pipeline from (seed, epoch) alon
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mindspore as ms
+import mindspore.nn as nn
 import numpy as np
 
 from src.training.best import best_checkpoint_path
@@ -75,21 +77,22 @@ RESUME_KEYS = ("net_name", "class_num", "batch_size", "grad_accumulation_steps",
 network, the per-step LR array and the images trained on."""
 
 
-def recipe_keys(current):
+def recipe_keys(current: dict) -> list[str]:
     """The keys of ``current`` a resume checks: ``RESUME_KEYS`` first, then every other key
     not in ``MAY_DIFFER``, in the config's order."""
     return [k for k in RESUME_KEYS if k in current] + [
         k for k in current if k not in RESUME_KEYS and k not in MAY_DIFFER]
 
 
-def epoch_seed(seed, epoch):
+def epoch_seed(seed: int, epoch: int) -> int:
     """Seed of the data pipeline of ``epoch`` (0-based): a function of (seed, epoch) only,
     in the dataset seed's range 0..2**32 - 1 (taken modulo 2**32: the seeds below it, every
     seed up to 42948 for 90 epochs, are those of earlier versions)."""
     return (seed * 100003 + epoch) % 2 ** 32
 
 
-def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):
+def find_resume_checkpoint(output_dir: str, prefix: str, steps_per_epoch: int,
+                           param_names: Sequence[str]) -> str | None:
     """The newest usable training checkpoint ``PREFIX-*.ckpt`` of
     ``output_dir`` (``--resume_ckpt auto``), or None; unusable ones (unreadable, cut short, no
     optimizer state, lacking a name of ``param_names``) are passed over with a warning."""
@@ -101,7 +104,8 @@ def find_resume_checkpoint(output_dir, prefix, steps_per_epoch, param_names):
     return None
 
 
-def check_same_recipe(path, stored, current, keys=None):
+def check_same_recipe(path: str, stored: dict | None, current: dict,
+                      keys: Sequence[str] | None = None) -> None:
     """Refuse to resume ``path`` when its stored ``run_config`` (None: accepted
     with a warning) differs from ``current`` in ``keys`` (default ``recipe_keys(current)``; keys
     it does not store are not checked).
@@ -125,7 +129,8 @@ def check_same_recipe(path, stored, current, keys=None):
                           f"mean it")
 
 
-def check_same_data(path, stored, current, data_path):
+def check_same_data(path: str, stored: dict | None, current: dict[str, int | None],
+                    data_path: str | None) -> None:
     """Refuse to resume ``path`` when its stored ``train_data`` (None: accepted)
     differs from ``current`` (``{"images", "steps_per_epoch"}``): files were added to or removed
     from ``data_path``, which would stretch the LR schedule and shift the epochs.
@@ -145,7 +150,9 @@ def check_same_data(path, stored, current, data_path):
                       f"to go on with this data")
 
 
-def restore_training_state(train_network, path, current=None, data=None):
+def restore_training_state(
+        train_network: nn.Cell, path: str, current: dict | None = None,
+        data: dict[str, int | None] | None = None) -> tuple[int, dict | None, dict | None]:
     """Load the network and optimizer state of checkpoint ``path`` into
     ``train_network`` (``Model.train_network``), after checking ``current`` (the run's config;
     None skips, ``--resume_ignore_config``) and ``data`` against the stored ones.
@@ -187,7 +194,8 @@ def restore_training_state(train_network, path, current=None, data=None):
     return steps_done, config, best
 
 
-def agree_across_ranks(local_path, output_dir, prefix, *, steps_per_epoch, param_names, gather):
+def agree_across_ranks(local_path: str, output_dir: str, prefix: str, *, steps_per_epoch: int,
+                       param_names: Sequence[str], gather: Callable[[int], list[int]]) -> str:
     """Make every rank resume from rank 0's choice (without a shared
     filesystem each host resolves ``auto`` in its own folder; a rank starting from scratch while
     others resume would hang the collectives): every rank must hold a usable file of that name.
@@ -225,13 +233,14 @@ def _path_at(output_dir, prefix, step, steps_per_epoch):
     return path if os.path.isfile(path) else ""
 
 
-def resumable_names(train_network):
+def resumable_names(train_network: nn.Cell) -> list[str]:
     """The parameter names a usable checkpoint of ``train_network`` must hold."""
     return [p.name for p in train_network.get_parameters()
             if not p.name.startswith(NOT_REQUIRED)]
 
 
-def newer_checkpoint(output_dir, prefix, steps_per_epoch, param_names, step):
+def newer_checkpoint(output_dir: str, prefix: str, steps_per_epoch: int,
+                     param_names: Sequence[str], step: int) -> str | None:
     """The newest usable checkpoint in ``output_dir`` when it lies past ``step``, else None:
     a run resumed from ``step`` would then branch off its own later steps."""
     for path in periodic_checkpoints(output_dir, prefix, steps_per_epoch):
@@ -242,7 +251,7 @@ def newer_checkpoint(output_dir, prefix, steps_per_epoch, param_names, step):
     return None
 
 
-def folder_best(best_path):
+def folder_best(best_path: str) -> dict | None:
     """The score stored in the run's best checkpoint (``NET-best.ckpt``): ``{"top1",
     "epoch"}``, or None (no such file, one written before it stored its score, or unreadable:
     a warning)."""
@@ -259,8 +268,9 @@ def folder_best(best_path):
     return best
 
 
-def branch_files(output_dir, prefix, *, resume_path, step, steps_per_epoch, param_names,
-                 overwrite):
+def branch_files(output_dir: str, prefix: str, *, resume_path: str, step: int,
+                 steps_per_epoch: int, param_names: Sequence[str],
+                 overwrite: bool) -> list[str]:
     """The files to move aside for a resume from ``resume_path`` at ``step`` when
     ``output_dir`` holds a newer usable checkpoint (a branch): the later periodic checkpoints and
     a best checkpoint chosen after ``step``; [] when it is no branch.
@@ -308,7 +318,7 @@ class ResumedRun:
     later_files: list[str]
 
 
-def resume_run(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
+def resume_run(train_network: nn.Cell, *, resume_ckpt: str, output_dir: str, prefix: str,
                run_config: dict, check_recipe: bool, overwrite: bool, epoch_size: int,
                steps_per_epoch: int, total_steps: int, device_num: int,
                log: logging.Logger, train_images: int | None = None) -> ResumedRun:
@@ -347,8 +357,9 @@ def resume_run(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
                       continues_here=continues_here, later_files=later)
 
 
-def resume_checkpoint_path(train_network, *, resume_ckpt: str, output_dir: str, prefix: str,
-                           steps_per_epoch: int, device_num: int, log: logging.Logger) -> str:
+def resume_checkpoint_path(train_network: nn.Cell, *, resume_ckpt: str, output_dir: str,
+                           prefix: str, steps_per_epoch: int, device_num: int,
+                           log: logging.Logger) -> str:
     """``resume_ckpt`` resolved to a path ("" to start from scratch): as given, or for
     "auto" the newest usable checkpoint in ``output_dir``; in data parallel, rank 0's
     choice, which every rank must hold (``agree_across_ranks``)."""
