@@ -13,7 +13,6 @@ from typing import Any
 
 import mindspore as ms
 import mindspore.nn as nn
-import numpy as np
 
 from src.utils.architectures import ARCHITECTURES, architecture_of
 from src.utils.errors import MissingFileError, UserError
@@ -161,7 +160,8 @@ def pretrained_config(source: str, net_name: str | None = None,
 
 def read_checkpoint(path: str) -> dict[str, Any]:
     """Read a ``.ckpt`` file or Hub weights (``src.utils.hub``) into name -> Parameter
-    (``run_config``: str); safetensors floats widened to float32, names as the file has them.
+    (``run_config``: str); safetensors floats as float32 (``read_safetensors``), names as
+    the file has them.
 
     Raises:
         MissingFileError: If ``path`` does not exist.
@@ -171,8 +171,7 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     if is_pretrained_source(path):
         weights = resolve_weights(path)
         check_architecture(weights)
-        return {name: ms.Parameter(ms.Tensor(array.astype(np.float32) if array.dtype.kind == "f"
-                                             else array), name=name)
+        return {name: ms.Parameter(ms.Tensor(array), name=name)
                 for name, array in read_safetensors(weights).items()}
     if not os.path.isfile(path):
         raise MissingFileError(f"checkpoint not found: {path}")

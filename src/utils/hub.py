@@ -198,17 +198,46 @@ def _unreadable(weights, err):
                     f"cache (hf cache delete) or the folder and download it again")
 
 
+FLOAT_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
+"""safetensors float dtypes read as numpy dtypes (``BF16``: widened by ``_bfloat16_to_float32``)."""
+INTEGER_LEAVES = ("num_batches_tracked",)
+"""Integer tensors the weights may hold: torch's BatchNorm counters (timm and ``export.py`` save
+them; loading drops them). Any other integer tensor is refused by name."""
+
+
+def _bfloat16_to_float32(data):
+    """bfloat16 is the upper half of a float32: its 16 bits shifted left are the exact value."""
+    return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def _tensor_array(weights, name, spec):
+    dtype, shape, data = spec["dtype"], spec["shape"], spec["data"]
+    if dtype == "BF16":
+        return _bfloat16_to_float32(data).reshape(shape)
+    if dtype in FLOAT_DTYPES:
+        return np.frombuffer(data, FLOAT_DTYPES[dtype]).astype(np.float32).reshape(shape)
+    if dtype[0] in "IU" and name.rsplit(".", 1)[-1] in INTEGER_LEAVES:
+        return np.frombuffer(data, f"<{dtype[0].lower()}{int(dtype[1:]) // 8}").reshape(shape)
+    raise HubError(f"{weights.source}: tensor {name} of {weights.weights_file} is {dtype}; "
+                   f"expected float weights (F32, F16 or BF16; integer tensors only as "
+                   f"{', '.join(INTEGER_LEAVES)})")
+
+
 def read_safetensors(weights: PretrainedWeights) -> dict[str, np.ndarray]:
-    """Tensor name (torchvision's / timm's) -> numpy array in the file's dtype.
+    """Tensor name (torchvision's / timm's) -> numpy array: float16, bfloat16 and float32
+    tensors as float32 (widened exactly), ``INTEGER_LEAVES`` as stored.
 
     Raises:
-        HubError: If the file is not a complete safetensors file (names it and the source).
+        HubError: If the file is not a complete safetensors file, or holds another integer
+            tensor or a dtype not in ``FLOAT_DTYPES`` (names it, the tensor and the source).
     """
-    from safetensors.numpy import load_file
+    from safetensors import deserialize
     try:
-        return load_file(weights.weights_file)
+        with open(weights.weights_file, "rb") as f:
+            tensors = deserialize(f.read())
     except Exception as err:  # noqa: BLE001  safetensors' SafetensorError, OSError alike
         raise _unreadable(weights, err) from err
+    return {name: _tensor_array(weights, name, spec) for name, spec in tensors}
 
 
 def safetensors_shapes(weights: PretrainedWeights) -> dict[str, tuple[int, ...]]:
