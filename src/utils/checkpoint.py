@@ -13,6 +13,7 @@ from typing import Any
 
 import mindspore as ms
 import mindspore.nn as nn
+import numpy as np
 
 from src.utils.architectures import ARCHITECTURES, architecture_of
 from src.utils.errors import MissingFileError, UserError
@@ -158,6 +159,26 @@ def pretrained_config(source: str, net_name: str | None = None,
     return values
 
 
+def check_finite(arrays: dict[str, Any], source: str) -> None:
+    """Refuse weights holding NaN or inf: name -> numpy array or MindSpore Parameter (text
+    entries skipped). See docs/reliability.md.
+
+    Raises:
+        CheckpointError: Naming ``source``, the first such tensor and its count of them.
+    """
+    for name, value in arrays.items():
+        array = value if isinstance(value, np.ndarray) else getattr(value, "asnumpy", None)
+        if callable(array):
+            array = array()
+        if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
+            continue
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise CheckpointError(f"{source}: tensor {name} holds {bad} NaN or inf values (of "
+                                  f"{array.size}); expected finite weights: a diverged run or "
+                                  f"a damaged file, use other weights")
+
+
 def read_checkpoint(path: str) -> dict[str, Any]:
     """Read a ``.ckpt`` file or Hub weights (``src.utils.hub``) into name -> Parameter
     (``run_config``: str); safetensors floats as float32 (``read_safetensors``), names as
@@ -165,20 +186,24 @@ def read_checkpoint(path: str) -> dict[str, Any]:
 
     Raises:
         MissingFileError: If ``path`` does not exist.
-        CheckpointError: If the file cannot be read as a MindSpore checkpoint (names the file).
+        CheckpointError: If the file cannot be read as a MindSpore checkpoint, or a tensor
+            holds NaN or inf (``check_finite``; names the file and the tensor).
         HubError, PretrainedMismatchError: For Hub weights (``src.utils.hub``).
     """
     if is_pretrained_source(path):
         weights = resolve_weights(path)
         check_architecture(weights)
-        return {name: ms.Parameter(ms.Tensor(array), name=name)
-                for name, array in read_safetensors(weights).items()}
+        arrays = read_safetensors(weights)
+        check_finite(arrays, path)
+        return {name: ms.Parameter(ms.Tensor(array), name=name) for name, array in arrays.items()}
     if not os.path.isfile(path):
         raise MissingFileError(f"checkpoint not found: {path}")
     try:
-        return ms.load_checkpoint(path)
+        params = ms.load_checkpoint(path)
     except (ValueError, RuntimeError, OSError) as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    check_finite(params, path)
+    return params
 
 
 def stored_config(params: dict[str, Any]) -> dict[str, Any] | None:
