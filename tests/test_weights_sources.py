@@ -3,6 +3,7 @@
 and Hub ids, unreadable files, a config that contradicts the tensors."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -92,3 +93,77 @@ def test_non_finite_pth_is_named_by_the_converter(tmp_path):
                                               r"holds 1 NaN or inf values"):
         convert(path, str(tmp_path / "out.ckpt"))
     assert not os.path.exists(tmp_path / "out.ckpt")
+
+
+IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+def weights_with(tmp_path, config):
+    """``resolve_weights`` of a folder holding one tensor and ``config`` as its config.json."""
+    from src.utils.hub import resolve_weights
+
+    return resolve_weights(write_tensors(str(tmp_path / "w"), {"fc.weight": torch.ones(2, 2)},
+                                         config))
+
+
+@pytest.mark.parametrize("pretrained_cfg, field, expected", [
+    ({"input_size": [3, 224, 224], "crop_pct": -1}, "crop_pct", "a number in"),
+    ({"input_size": [3, 224, 224], "crop_pct": 1e-7}, "crop_pct",
+     "a fraction giving an eval_resize of at most 4096"),
+    ({"input_size": [3, 224, 224], "crop_pct": "0.9"}, "crop_pct", "a number in"),
+    ({"input_size": [3, 224, 224], "test_crop_pct": 1.5}, "test_crop_pct", "a number in"),
+    ({"input_size": [3, 0, 0]}, "input_size", r"\[3, S, S\] with S an integer in 1..4096"),
+    ({"input_size": [3, -32, -32]}, "input_size", r"\[3, S, S\]"),
+    ({"input_size": [3, 10 ** 9, 10 ** 9]}, "input_size", r"\[3, S, S\]"),
+    ({"input_size": ["3", "32", "32"]}, "input_size", r"\[3, S, S\]"),
+    ({"input_size": 224}, "input_size", r"\[3, S, S\]"),
+    ({"test_input_size": [3, 32.5, 32.5]}, "test_input_size", r"\[3, S, S\]"),
+    ({"mean": "imagenet"}, "mean", "a list of 3 numbers"),
+    ({"mean": [0.485, 0.456]}, "mean", "a list of 3 numbers"),
+    ({"std": [0.229, None, 0.225]}, "std", "a list of 3 numbers"),
+])
+def test_config_json_values_are_checked_as_the_keys(tmp_path, pretrained_cfg, field, expected):
+    """Every eval setting from config.json passes the range the key has on the command line;
+    the error names the source, the file and the field."""
+    from src.utils.hub import WeightsConfigError, pretrained_eval_settings
+
+    weights = weights_with(tmp_path, {"pretrained_cfg": dict(IMAGENET, **pretrained_cfg)})
+    folder = str(tmp_path / "w")
+    value = pretrained_cfg[field] if field in pretrained_cfg else None
+    with pytest.raises(WeightsConfigError, match=(
+            rf"^{folder}: {folder}/config\.json field pretrained_cfg\.{field} is "
+            rf"{re.escape(repr(value))}; expected {expected}")):
+        pretrained_eval_settings(weights)
+
+
+def test_pretrained_cfg_not_an_object_is_named(tmp_path):
+    from src.utils.hub import WeightsConfigError, pretrained_eval_settings
+
+    weights = weights_with(tmp_path, {"pretrained_cfg": [1, 2]})
+    with pytest.raises(WeightsConfigError, match=r"config\.json field pretrained_cfg is \[1, 2\]; "
+                                                 r"expected a JSON object"):
+        pretrained_eval_settings(weights)
+
+
+def test_eval_resize_is_floored_as_timm():
+    """224 / 0.9 = 248.9: timm's eval transform resizes to floor, 248 (round would give 249)."""
+    from src.utils.hub import PretrainedWeights, pretrained_eval_settings
+
+    weights = PretrainedWeights("x", "x", {"pretrained_cfg": dict(
+        IMAGENET, input_size=[3, 224, 224], crop_pct=0.9, interpolation="bicubic")})
+    assert pretrained_eval_settings(weights) == {
+        "eval_image_size": 224, "eval_resize": 248, "eval_interpolation": "bicubic"}
+
+
+def test_non_square_size_and_other_std_are_refused():
+    """A non-square input and a std other than ImageNet's under ImageNet's mean are refused
+    (each on its own: the mean matching does not let the std through)."""
+    from src.utils.hub import PretrainedMismatchError, PretrainedWeights, pretrained_eval_settings
+
+    wide = PretrainedWeights("w", "x", {"pretrained_cfg": dict(IMAGENET, input_size=[3, 224, 200])})
+    with pytest.raises(PretrainedMismatchError, match=r"input size \[3, 224, 200\] is not square"):
+        pretrained_eval_settings(wide)
+    std = PretrainedWeights("s", "x", {"pretrained_cfg": dict(IMAGENET, std=[0.5, 0.5, 0.5])})
+    with pytest.raises(PretrainedMismatchError, match=r"^s expects images normalized with std "
+                                                      r"\[0\.5, 0\.5, 0\.5\]"):
+        pretrained_eval_settings(std)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from src.utils.architectures import ARCHITECTURES
+from src.utils.config import UPPER_BOUNDS
 from src.utils.errors import MissingFileError, UserError
 from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS
 
@@ -38,6 +39,10 @@ class HubError(UserError):
     without a cached copy, an incomplete download, a folder without the files)."""
 
 
+class WeightsConfigError(UserError, ValueError):
+    """A field of the weights' ``config.json`` has a wrong type or a value out of range."""
+
+
 class PretrainedMismatchError(UserError, ValueError):
     """The weights are of a network this package does not build, or do not fit the config
     (``net_name``, normalization)."""
@@ -51,11 +56,24 @@ class PretrainedWeights:
     source: str
     weights_file: str
     config: dict[str, Any] = field(default_factory=dict)
+    config_file: str = CONFIG_FILE
+
+    def field_error(self, name: str, value: Any, expected: str) -> "WeightsConfigError":
+        """The one-line error of ``config.json``'s field ``name`` (dotted) holding ``value``."""
+        return WeightsConfigError(f"{self.source}: {self.config_file} field {name} is "
+                                  f"{value!r}; expected {expected}")
 
     @property
     def pretrained_cfg(self) -> dict:
-        """The weights' ``pretrained_cfg`` (timm): eval settings and provenance; {} if none."""
-        return self.config.get("pretrained_cfg") or {}
+        """The weights' ``pretrained_cfg`` (timm): eval settings and provenance; {} if none.
+
+        Raises:
+            WeightsConfigError: If it is not a JSON object.
+        """
+        info = self.config.get("pretrained_cfg") or {}
+        if not isinstance(info, dict):
+            raise self.field_error("pretrained_cfg", info, "a JSON object (timm's pretrained_cfg)")
+        return info
 
     @property
     def label_names(self) -> list[str] | None:
@@ -108,7 +126,8 @@ def resolve_weights(source: str) -> PretrainedWeights:
         if not os.path.isfile(source):
             raise MissingFileError(f"weights file not found: {source}")
         weights, config = source, os.path.join(os.path.dirname(source), CONFIG_FILE)
-    return PretrainedWeights(source, weights, _read_config(config, source))
+    return PretrainedWeights(source, weights, _read_config(config, source),
+                             config or CONFIG_FILE)
 
 
 @functools.lru_cache(maxsize=8)
@@ -275,36 +294,72 @@ def check_architecture(weights: PretrainedWeights, net_name: str | None = None) 
     return arch
 
 
+def _is_number(value):
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _size_field(weights, name, size):
+    """``input_size``-like field -> its side; (3, S, S) with 1 <= S <= the eval_image_size bound."""
+    bound = UPPER_BOUNDS["eval_image_size"][0]
+    if (not isinstance(size, list) or len(size) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+            or size[0] != 3 or not 1 <= size[1] <= bound):
+        raise weights.field_error(f"pretrained_cfg.{name}", size, f"[3, S, S] with S an integer "
+                                  f"in 1..{bound} (eval_image_size's range)")
+    if size[1] != size[2]:
+        raise PretrainedMismatchError(f"{weights.source}: input size {size} is not square "
+                                      f"(3, S, S)")
+    return size[1]
+
+
+def _crop_pct_field(weights, name, crop_pct, side):
+    """floor(side / crop_pct), timm's resize before the center crop, checked as eval_resize."""
+    bound = UPPER_BOUNDS["eval_resize"][0]
+    if not _is_number(crop_pct) or not 0 < crop_pct <= 1:
+        raise weights.field_error(f"pretrained_cfg.{name}", crop_pct, "a number in (0, 1]")
+    resize = int(math.floor(side / crop_pct))
+    if resize > bound:
+        raise weights.field_error(f"pretrained_cfg.{name}", crop_pct,
+                                  f"a fraction giving an eval_resize of at most {bound}, "
+                                  f"floor({side} / crop_pct) = {resize}")
+    return resize
+
+
 def pretrained_eval_settings(weights: PretrainedWeights) -> dict[str, int | str]:
     """The eval preprocessing of the weights' ``pretrained_cfg`` as config keys:
     ``eval_image_size``, ``eval_resize`` = floor(size / crop_pct) as timm computes it,
     ``eval_interpolation``; from ``test_input_size`` / ``test_crop_pct`` when given. Only the
-    keys it gives.
+    keys it gives, in the ranges the keys have on the command line.
 
     Raises:
+        WeightsConfigError: For a field of a wrong type or out of range (names the file).
         PretrainedMismatchError: For another mean or std than ImageNet's, a size that is not
             square, or an interpolation not in ``INTERPOLATIONS``.
     """
     info = weights.pretrained_cfg
     for key, expected in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
-        if key in info and not np.allclose(info[key], expected, rtol=0, atol=1e-6):
+        if key not in info:
+            continue
+        value = info[key]
+        if not isinstance(value, list) or len(value) != 3 or not all(map(_is_number, value)):
+            raise weights.field_error(f"pretrained_cfg.{key}", value,
+                                      "a list of 3 numbers (per RGB channel)")
+        if not np.allclose(value, expected, rtol=0, atol=1e-6):
             raise PretrainedMismatchError(
-                f"{weights.source} expects images normalized with {key} {info[key]}, but this "
+                f"{weights.source} expects images normalized with {key} {value}, but this "
                 f"package normalizes with ImageNet's {key} {list(expected)}: these weights "
                 f"would be evaluated on wrongly normalized images")
     settings = {}
-    size = info.get("test_input_size") or info.get("input_size")
-    crop_pct = info.get("test_crop_pct") or info.get("crop_pct")
-    if size:
-        if len(size) != 3 or size[1] != size[2]:
-            raise PretrainedMismatchError(f"{weights.source}: input size {size} is not square "
-                                          f"(3, S, S)")
-        settings["eval_image_size"] = int(size[-1])
-        if crop_pct:
-            settings["eval_resize"] = int(math.floor(size[-1] / crop_pct))
+    size_key = "test_input_size" if info.get("test_input_size") is not None else "input_size"
+    crop_key = "test_crop_pct" if info.get("test_crop_pct") is not None else "crop_pct"
+    if info.get(size_key) is not None:
+        side = _size_field(weights, size_key, info[size_key])
+        settings["eval_image_size"] = side
+        if info.get(crop_key) is not None:
+            settings["eval_resize"] = _crop_pct_field(weights, crop_key, info[crop_key], side)
     interpolation = info.get("interpolation")
     if interpolation:
-        if interpolation not in INTERPOLATIONS:
+        if not isinstance(interpolation, str) or interpolation not in INTERPOLATIONS:
             raise PretrainedMismatchError(
                 f"{weights.source}: interpolation {interpolation!r} is not one this package "
                 f"applies ({', '.join(INTERPOLATIONS)})")
