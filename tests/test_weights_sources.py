@@ -167,3 +167,38 @@ def test_non_square_size_and_other_std_are_refused():
     with pytest.raises(PretrainedMismatchError, match=r"^s expects images normalized with std "
                                                       r"\[0\.5, 0\.5, 0\.5\]"):
         pretrained_eval_settings(std)
+
+
+def test_label_names_dict_keys_are_the_indices():
+    """timm writes label_names as a dict of string indices: "10" is class 10, after "9" (not
+    after "1" as the strings sort)."""
+    from src.utils.hub import PretrainedWeights
+
+    names = {str(i): f"class {i}" for i in reversed(range(12))}
+    weights = PretrainedWeights("x", "x", {"num_classes": 12, "label_names": names})
+    assert weights.label_names == [f"class {i}" for i in range(12)]
+    listed = PretrainedWeights("x", "x", {"num_classes": 2, "label_names": ["cat", "dog"]})
+    assert listed.label_names == ["cat", "dog"]
+
+
+@pytest.mark.parametrize("label_names, field, expected", [
+    ({str(i): f"n{i}" for i in range(1, 11)}, "label_names",
+     r"a dict with keys 1..10 \(10 names\); expected the class indices 0..9 \(num_classes 10\) "
+     r"as keys; missing \[0\], extra \[10\]"),
+    ({str(i): f"n{i}" for i in (0, 1, 2, 3, 5, 6, 7, 8, 9, 10)}, "label_names",
+     r"a dict with keys 0..10 \(10 names\); expected .*; missing \[4\], extra \[10\]"),
+    ({f"n{i}": i for i in range(10)}, "label_names",
+     r"a dict with key 'n0'; expected class indices \"0\"..\"N-1\" as keys"),
+    ([f"n{i}" for i in range(9)], "label_names", r"9 names; expected num_classes 10"),
+    ([None] * 10, r"label_names\[0\]", r"None; expected a class name \(a string\)"),
+    (["a"] * 9 + [7], r"label_names\[9\]", r"7; expected a class name"),
+    ("cats", "label_names", r"'cats'; expected a list of class names"),
+])
+def test_bad_label_names_are_named(tmp_path, label_names, field, expected):
+    from src.utils.hub import WeightsConfigError
+
+    weights = weights_with(tmp_path, {"num_classes": 10, "label_names": label_names})
+    folder = str(tmp_path / "w")
+    with pytest.raises(WeightsConfigError, match=rf"^{folder}: {folder}/config\.json field "
+                                                 rf"{field} is {expected}"):
+        weights.label_names  # noqa: B018

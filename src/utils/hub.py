@@ -58,10 +58,12 @@ class PretrainedWeights:
     config: dict[str, Any] = field(default_factory=dict)
     config_file: str = CONFIG_FILE
 
-    def field_error(self, name: str, value: Any, expected: str) -> "WeightsConfigError":
-        """The one-line error of ``config.json``'s field ``name`` (dotted) holding ``value``."""
+    def field_error(self, name: str, value: Any, expected: str,
+                    shown: bool = False) -> "WeightsConfigError":
+        """The one-line error of ``config.json``'s field ``name`` (dotted) holding ``value``
+        (its repr; with ``shown``, ``value`` is a description, printed as it is)."""
         return WeightsConfigError(f"{self.source}: {self.config_file} field {name} is "
-                                  f"{value!r}; expected {expected}")
+                                  f"{value if shown else repr(value)}; expected {expected}")
 
     @property
     def pretrained_cfg(self) -> dict:
@@ -78,11 +80,45 @@ class PretrainedWeights:
     @property
     def label_names(self) -> list[str] | None:
         """``config.json``'s ``label_names`` (class names in label order: timm writes a list,
-        or a dict of class index -> name), or None."""
+        or a dict of class index "0".."N-1" -> name), or None.
+
+        Raises:
+            WeightsConfigError: For a name that is not a string, dict keys that are not the
+                indices 0..N-1, or a count other than ``num_classes`` (names the file).
+        """
         names = self.config.get("label_names")
+        if not names:
+            return None
+        count = self.config.get("num_classes")
+        count = count if isinstance(count, int) and not isinstance(count, bool) else len(names)
         if isinstance(names, dict):
-            names = [name for _, name in sorted((int(k), v) for k, v in names.items())]
-        return [str(n) for n in names] if isinstance(names, list) and names else None
+            names = self._indexed_names(names, count)
+        if not isinstance(names, list):
+            raise self.field_error("label_names", names, "a list of class names, or a dict of "
+                                   "class index -> name")
+        bad = next((i for i, name in enumerate(names) if not isinstance(name, str)), None)
+        if bad is not None:
+            raise self.field_error(f"label_names[{bad}]", names[bad], "a class name (a string)")
+        if len(names) != count:
+            raise self.field_error("label_names", f"{len(names)} names", f"num_classes {count}",
+                                   shown=True)
+        return names
+
+    def _indexed_names(self, names, count):
+        """A dict of class index (timm's string keys) -> name as the list in index order."""
+        key = next((k for k in names if not (k.isascii() and k.isdigit())), None)
+        if key is not None:
+            raise self.field_error("label_names", f"a dict with key {key!r}",
+                                   'class indices "0".."N-1" as keys', shown=True)
+        indices = {int(k): v for k, v in names.items()}
+        missing = sorted(set(range(count)) - set(indices))
+        extra = sorted(set(indices) - set(range(count)))
+        if missing or extra or len(indices) != len(names):
+            raise self.field_error(
+                "label_names", f"a dict with keys {min(indices)}..{max(indices)} "
+                f"({len(names)} names)", f"the class indices 0..{count - 1} (num_classes "
+                f"{count}) as keys; missing {missing[:10]}, extra {extra[:10]}", shown=True)
+        return [indices[i] for i in range(count)]
 
 
 def is_pretrained_source(path: str) -> bool:
