@@ -202,3 +202,17 @@ def test_bad_label_names_are_named(tmp_path, label_names, field, expected):
     with pytest.raises(WeightsConfigError, match=rf"^{folder}: {folder}/config\.json field "
                                                  rf"{field} is {expected}"):
         weights.label_names  # noqa: B018
+
+
+@pytest.mark.parametrize("source", ["hf-hub:timm/..", "hf-hub:timm/résnet18", "hf-hub:timm/a--b",
+                                    "hf-hub:timm/resnet18.", "hf-hub:timm/-x@main"])
+def test_hub_ids_the_hub_refuses_are_named(source):
+    """Ids the Hub's own validation refuses are named before any download (not an
+    HFValidationError traceback)."""
+    from src.utils.hub import parse_hub_id, resolve_weights
+
+    with pytest.raises(HubError, match=rf"^{re.escape(repr(source))} is not a Hub id: .* not a "
+                                       rf"repository name the Hub allows"):
+        parse_hub_id(source)
+    with pytest.raises(HubError, match="is not a Hub id"):
+        resolve_weights(source)

@@ -132,12 +132,20 @@ def parse_hub_id(source: str) -> tuple[str, str | None]:
     """``hf-hub:ORG/NAME[@REVISION]`` -> (``ORG/NAME``, revision or None).
 
     Raises:
-        HubError: If the id is not of that form.
+        HubError: If the id is not of that form, or ``ORG/NAME`` is not a repository id
+            ``huggingface_hub``'s ``validate_repo_id`` accepts.
     """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
     repo_id, _, revision = source[len(HUB_PREFIX):].partition("@")
     if not _HUB_ID.match(repo_id) or (revision == "" and "@" in source):
         raise HubError(f"{source!r} is not a Hub id: expected hf-hub:ORG/NAME or "
                        f"hf-hub:ORG/NAME@REVISION, e.g. hf-hub:timm/resnet50.tv2_in1k")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise HubError(f"{source!r} is not a Hub id: {repo_id!r} is not a repository name the "
+                       f"Hub allows (ASCII letters, digits, '-', '_', '.'; no '--' or '..', "
+                       f"not starting or ending with '-' or '.', at most 96 characters)") from err
     return repo_id, revision or None
 
 
