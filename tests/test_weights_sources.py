@@ -216,3 +216,25 @@ def test_hub_ids_the_hub_refuses_are_named(source):
         parse_hub_id(source)
     with pytest.raises(HubError, match="is not a Hub id"):
         resolve_weights(source)
+
+
+@pytest.mark.parametrize("read", ["tensors", "shapes"])
+def test_unreadable_weights_file_says_what_failed(tmp_path, monkeypatch, read):
+    """A weights file that cannot be opened (permission denied) is named with the OS reason,
+    without the advice to delete it that a cut-short file gets (tests run as root, so the
+    denial is simulated)."""
+    from src.utils import hub
+    from src.utils.checkpoint import pretrained_config
+
+    folder = write_tensors(str(tmp_path / "w"), {"fc.weight": torch.ones(2, 2)})
+    path = os.path.join(folder, "model.safetensors")
+
+    def denied(file, *args, **kwargs):
+        if file == path:
+            raise PermissionError(13, "Permission denied", file)
+        return open(file, *args, **kwargs)
+
+    monkeypatch.setattr(hub, "open", denied, raising=False)
+    with pytest.raises(HubError) as err:
+        (read_checkpoint if read == "tensors" else pretrained_config)(folder)
+    assert str(err.value) == f"{folder}: cannot read {path}: Permission denied"

@@ -254,6 +254,17 @@ def _read_config(path, source):
     return config
 
 
+def _read_bytes(weights, size=-1):
+    """The first ``size`` bytes of the weights file (-1: all); an OS failure (permission denied,
+    I/O error) is named as it is, with no advice to delete a file that may be good."""
+    try:
+        with open(weights.weights_file, "rb") as f:
+            return f.read(size)
+    except OSError as err:
+        raise HubError(f"{weights.source}: cannot read {weights.weights_file}: "
+                       f"{err.strerror or err}") from err
+
+
 def _unreadable(weights, err):
     """The ``HubError`` of a ``.safetensors`` file safetensors cannot read."""
     return HubError(f"{weights.source}: cannot read {weights.weights_file} as safetensors "
@@ -295,9 +306,9 @@ def read_safetensors(weights: PretrainedWeights) -> dict[str, np.ndarray]:
             tensor or a dtype not in ``FLOAT_DTYPES`` (names it, the tensor and the source).
     """
     from safetensors import deserialize
+    data = _read_bytes(weights)
     try:
-        with open(weights.weights_file, "rb") as f:
-            tensors = deserialize(f.read())
+        tensors = deserialize(data)
     except Exception as err:  # noqa: BLE001  safetensors' SafetensorError, OSError alike
         raise _unreadable(weights, err) from err
     return {name: _tensor_array(weights, name, spec) for name, spec in tensors}
@@ -310,6 +321,7 @@ def safetensors_shapes(weights: PretrainedWeights) -> dict[str, tuple[int, ...]]
         HubError: As ``read_safetensors``.
     """
     from safetensors import safe_open
+    _read_bytes(weights, 0)
     try:
         with safe_open(weights.weights_file, framework="numpy") as f:
             return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
