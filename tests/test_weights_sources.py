@@ -238,3 +238,21 @@ def test_unreadable_weights_file_says_what_failed(tmp_path, monkeypatch, read):
     with pytest.raises(HubError) as err:
         (read_checkpoint if read == "tensors" else pretrained_config)(folder)
     assert str(err.value) == f"{folder}: cannot read {path}: Permission denied"
+
+
+@pytest.mark.parametrize("net_name", [None, "resnet34", "resnet18"])
+def test_config_naming_another_network_than_the_tensors_is_named(tmp_path, net_name):
+    """A config.json saying resnet34 over ResNet-18 tensors: the error says they disagree and
+    what the tensors are, instead of advising --net_name resnet34 (which then fails)."""
+    from src.utils.checkpoint import pretrained_config
+    from src.utils.hub import PretrainedMismatchError
+    from tests.torch_resnet import torch_resnet
+
+    folder = write_tensors(str(tmp_path / "w"), torch_resnet("resnet18", 10).state_dict(),
+                           {"architecture": "resnet34", "num_classes": 10})
+    with pytest.raises(PretrainedMismatchError) as err:
+        pretrained_config(folder, net_name=net_name)
+    assert str(err.value) == (
+        f"{folder}: {folder}/config.json says architecture resnet34 but its tensors are a "
+        f"resnet18 (BasicBlock blocks [2, 2, 2, 2], 10 classes): the config and the weights "
+        f"disagree; correct the architecture in {folder}/config.json or use other weights")

@@ -140,7 +140,8 @@ def pretrained_config(source: str, net_name: str | None = None,
     Raises:
         HubError, MissingFileError: If the weights cannot be had.
         PretrainedMismatchError: If they are of a network not built here or not ``net_name``,
-            or ask for another normalization.
+            their config.json names another network than their tensors are, or they ask for
+            another normalization.
         CheckpointMismatchError: If their tensors are of no ResNet depth built here.
     """
     weights = resolve_weights(source)
@@ -148,6 +149,14 @@ def pretrained_config(source: str, net_name: str | None = None,
     layout = source_layout(shapes)
     names = layout_names(shapes, layout) if layout else {n: n for n in shapes}
     inferred, classes = infer_resnet({names[n]: s for n, s in shapes.items() if n in names})
+    arch = check_architecture(weights)
+    if arch is not None and arch != inferred:
+        layout = ARCHITECTURES[inferred]
+        raise PretrainedMismatchError(
+            f"{source}: {weights.config_file} says architecture {arch} but its tensors are a "
+            f"{inferred} ({layout.block} blocks {list(layout.layers)}, {classes} classes): the "
+            f"config and the weights disagree; correct the architecture in "
+            f"{weights.config_file} or use other weights")
     arch = check_architecture(weights, net_name) or inferred
     if net_name is not None and inferred != net_name:
         raise PretrainedMismatchError(f"{source} holds the tensors of a {inferred} but net_name "
