@@ -256,3 +256,50 @@ def test_config_naming_another_network_than_the_tensors_is_named(tmp_path, net_n
         f"{folder}: {folder}/config.json says architecture resnet34 but its tensors are a "
         f"resnet18 (BasicBlock blocks [2, 2, 2, 2], 10 classes): the config and the weights "
         f"disagree; correct the architecture in {folder}/config.json or use other weights")
+
+
+def test_offline_cache_without_config_resolves_to_an_empty_config(tmp_path, monkeypatch):
+    """A Hub cache holding model.safetensors but no config.json (offline, so config.json cannot
+    be asked for): the weights resolve, with no eval settings, not an error."""
+    from huggingface_hub import constants
+
+    from src.utils import hub
+    from src.utils.hub import resolve_weights
+    from tests.test_hub import add_to_hub_cache
+
+    folder = write_tensors(str(tmp_path / "w"), {"fc.weight": torch.ones(2, 2)})
+    cache = str(tmp_path / "cache")
+    add_to_hub_cache(cache, "timm/noconfig", folder)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub._download.cache_clear()
+    try:
+        weights = resolve_weights("hf-hub:timm/noconfig")
+    finally:
+        hub._download.cache_clear()
+    assert weights.config == {} and weights.weights_file.endswith("model.safetensors")
+    assert hub.pretrained_eval_settings(weights) == {} and weights.label_names is None
+
+
+def test_finetuning_from_hub_weights_takes_only_the_network(tmp_path, caplog):
+    """train.py --pre_trained hf-hub:/folder: the run takes net_name from the weights and keeps
+    its own class_num and eval settings (the whole log line, not a substring of it)."""
+    import logging
+
+    from src.recipe import fill_from_weights
+    from src.utils.checkpoint import pretrained_config
+    from src.utils.config import parse_config
+    from tests.torch_resnet import torch_resnet
+
+    folder = write_tensors(str(tmp_path / "w"), torch_resnet("resnet18", 1000).state_dict(), {
+        "architecture": "resnet18", "num_classes": 1000, "pretrained_cfg": dict(
+            IMAGENET, input_size=[3, 176, 176], crop_pct=0.5, interpolation="bicubic")})
+    assert pretrained_config(folder, eval_settings=False) == {"net_name": "resnet18"}
+    cfg = parse_config(["--class_num", "10", "--pre_trained", folder])
+    before = dict(cfg)
+    with caplog.at_level(logging.INFO):
+        fill_from_weights(cfg, folder, eval_settings=False)
+    assert dict(cfg) == dict(before, net_name="resnet18")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(folder)]
+    assert lines == [f"{folder}: taken from it: net_name resnet18"]
