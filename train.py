@@ -36,6 +36,7 @@ from src.recipe import (
     build_evaluator,
     build_network,
     check_train_config,
+    fill_from_weights,
     record_run_images,
     resolve_sink_size,
     run_split,
@@ -74,14 +75,12 @@ from src.training.signals import StopSignals
 from src.utils import device
 from src.utils.checkpoint import (
     own_checkpoints,
-    pretrained_config,
     remove_stale_partials,
 )
 from src.utils.cli import run_entry_point
 from src.utils.config import Config, parse_config
 from src.utils.device import init_distributed
 from src.utils.files import atomic_write_text
-from src.utils.hub import is_pretrained_source
 from src.utils.logger import get_logger
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
@@ -103,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     device.setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
     rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num)
     log = get_logger("train", None, rank)
-    if is_pretrained_source(cfg.pre_trained):  # Hub weights: their network unless net_name set
-        cfg.fill_unset(pretrained_config(cfg.pre_trained, cfg.user_value("net_name"),
-                                         eval_settings=False), cfg.pre_trained)
+    # Hub weights: their network unless net_name set; the run keeps its classes and settings
+    fill_from_weights(cfg, cfg.pre_trained, eval_settings=False)
     if cfg.benchmark_steps:
         return benchmark_training(cfg, device_num, log)
     lock = lock_output_dir(cfg.output_dir, rank, log)  # one run per folder, before any write

@@ -27,8 +27,10 @@ if ROOT not in sys.path:
 
 from src.models.resnet import create_network  # noqa: E402
 from src.utils.checkpoint import (  # noqa: E402
+    CheckpointError,
     CheckpointMismatchError,
     atomic_save_checkpoint,
+    check_finite,
     compare,
     infer_resnet,
     layout_names,
@@ -166,13 +168,21 @@ def load_ms_arrays(path):
             if not isinstance(param, str)}
 
 
+def _check_finite(arrays, source):
+    try:
+        check_finite(arrays, source)
+    except CheckpointError as err:
+        raise ConversionError(str(err)) from err
+
+
 def convert(src, dst):
     """Convert ``src`` to ``dst``; the direction follows the suffixes. Returns a summary line.
     Weights are written as float32 (fp16/bf16 torch weights are widened, losslessly).
 
     Raises:
         FileNotFoundError: If ``src`` does not exist.
-        ConversionError: If the suffixes are not .pth/.pt <-> .ckpt or the weights do not fit.
+        ConversionError: If the suffixes are not .pth/.pt <-> .ckpt, the weights do not fit or
+            hold NaN or inf.
     """
     import torch
 
@@ -189,6 +199,7 @@ def convert(src, dst):
             raise ConversionError(f"cannot read {src} as a torch file: "
                                   f"{str(err).splitlines()[0]}") from err
         arrays = torch_state_to_ms_arrays(loaded, src)
+        _check_finite(arrays, src)
         save_ms_checkpoint(arrays, dst)
         count = len(arrays)
     else:
@@ -197,6 +208,7 @@ def convert(src, dst):
         except (ValueError, RuntimeError, OSError) as err:
             raise ConversionError(f"cannot read {src} as a MindSpore checkpoint: "
                                   f"{str(err).splitlines()[0]}") from err
+        _check_finite(arrays, src)
         state = ms_arrays_to_torch_state(arrays, src)
         tmp = dst + ".partial"
         torch.save(state, tmp)

@@ -140,7 +140,8 @@ def pretrained_config(source: str, net_name: str | None = None,
     Raises:
         HubError, MissingFileError: If the weights cannot be had.
         PretrainedMismatchError: If they are of a network not built here or not ``net_name``,
-            or ask for another normalization.
+            their config.json names another network than their tensors are, or they ask for
+            another normalization.
         CheckpointMismatchError: If their tensors are of no ResNet depth built here.
     """
     weights = resolve_weights(source)
@@ -148,6 +149,14 @@ def pretrained_config(source: str, net_name: str | None = None,
     layout = source_layout(shapes)
     names = layout_names(shapes, layout) if layout else {n: n for n in shapes}
     inferred, classes = infer_resnet({names[n]: s for n, s in shapes.items() if n in names})
+    arch = check_architecture(weights)
+    if arch is not None and arch != inferred:
+        layout = ARCHITECTURES[inferred]
+        raise PretrainedMismatchError(
+            f"{source}: {weights.config_file} says architecture {arch} but its tensors are a "
+            f"{inferred} ({layout.block} blocks {list(layout.layers)}, {classes} classes): the "
+            f"config and the weights disagree; correct the architecture in "
+            f"{weights.config_file} or use other weights")
     arch = check_architecture(weights, net_name) or inferred
     if net_name is not None and inferred != net_name:
         raise PretrainedMismatchError(f"{source} holds the tensors of a {inferred} but net_name "
@@ -159,27 +168,51 @@ def pretrained_config(source: str, net_name: str | None = None,
     return values
 
 
+def check_finite(arrays: dict[str, Any], source: str) -> None:
+    """Refuse weights holding NaN or inf: name -> numpy array or MindSpore Parameter (text
+    entries skipped). See docs/reliability.md.
+
+    Raises:
+        CheckpointError: Naming ``source``, the first such tensor and its count of them.
+    """
+    for name, value in arrays.items():
+        array = value if isinstance(value, np.ndarray) else getattr(value, "asnumpy", None)
+        if callable(array):
+            array = array()
+        if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
+            continue
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise CheckpointError(f"{source}: tensor {name} holds {bad} NaN or inf values (of "
+                                  f"{array.size}); expected finite weights: a diverged run or "
+                                  f"a damaged file, use other weights")
+
+
 def read_checkpoint(path: str) -> dict[str, Any]:
     """Read a ``.ckpt`` file or Hub weights (``src.utils.hub``) into name -> Parameter
-    (``run_config``: str); safetensors floats widened to float32, names as the file has them.
+    (``run_config``: str); safetensors floats as float32 (``read_safetensors``), names as
+    the file has them.
 
     Raises:
         MissingFileError: If ``path`` does not exist.
-        CheckpointError: If the file cannot be read as a MindSpore checkpoint (names the file).
+        CheckpointError: If the file cannot be read as a MindSpore checkpoint, or a tensor
+            holds NaN or inf (``check_finite``; names the file and the tensor).
         HubError, PretrainedMismatchError: For Hub weights (``src.utils.hub``).
     """
     if is_pretrained_source(path):
         weights = resolve_weights(path)
         check_architecture(weights)
-        return {name: ms.Parameter(ms.Tensor(array.astype(np.float32) if array.dtype.kind == "f"
-                                             else array), name=name)
-                for name, array in read_safetensors(weights).items()}
+        arrays = read_safetensors(weights)
+        check_finite(arrays, path)
+        return {name: ms.Parameter(ms.Tensor(array), name=name) for name, array in arrays.items()}
     if not os.path.isfile(path):
         raise MissingFileError(f"checkpoint not found: {path}")
     try:
-        return ms.load_checkpoint(path)
+        params = ms.load_checkpoint(path)
     except (ValueError, RuntimeError, OSError) as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    check_finite(params, path)
+    return params
 
 
 def stored_config(params: dict[str, Any]) -> dict[str, Any] | None:

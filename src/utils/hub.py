@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from src.utils.architectures import ARCHITECTURES
+from src.utils.config import UPPER_BOUNDS
 from src.utils.errors import MissingFileError, UserError
 from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS
 
@@ -38,6 +39,10 @@ class HubError(UserError):
     without a cached copy, an incomplete download, a folder without the files)."""
 
 
+class WeightsConfigError(UserError, ValueError):
+    """A field of the weights' ``config.json`` has a wrong type or a value out of range."""
+
+
 class PretrainedMismatchError(UserError, ValueError):
     """The weights are of a network this package does not build, or do not fit the config
     (``net_name``, normalization)."""
@@ -51,20 +56,69 @@ class PretrainedWeights:
     source: str
     weights_file: str
     config: dict[str, Any] = field(default_factory=dict)
+    config_file: str = CONFIG_FILE
+
+    def field_error(self, name: str, value: Any, expected: str,
+                    shown: bool = False) -> "WeightsConfigError":
+        """The one-line error of ``config.json``'s field ``name`` (dotted) holding ``value``
+        (its repr; with ``shown``, ``value`` is a description, printed as it is)."""
+        return WeightsConfigError(f"{self.source}: {self.config_file} field {name} is "
+                                  f"{value if shown else repr(value)}; expected {expected}")
 
     @property
     def pretrained_cfg(self) -> dict:
-        """The weights' ``pretrained_cfg`` (timm): eval settings and provenance; {} if none."""
-        return self.config.get("pretrained_cfg") or {}
+        """The weights' ``pretrained_cfg`` (timm): eval settings and provenance; {} if none.
+
+        Raises:
+            WeightsConfigError: If it is not a JSON object.
+        """
+        info = self.config.get("pretrained_cfg") or {}
+        if not isinstance(info, dict):
+            raise self.field_error("pretrained_cfg", info, "a JSON object (timm's pretrained_cfg)")
+        return info
 
     @property
     def label_names(self) -> list[str] | None:
         """``config.json``'s ``label_names`` (class names in label order: timm writes a list,
-        or a dict of class index -> name), or None."""
+        or a dict of class index "0".."N-1" -> name), or None.
+
+        Raises:
+            WeightsConfigError: For a name that is not a string, dict keys that are not the
+                indices 0..N-1, or a count other than ``num_classes`` (names the file).
+        """
         names = self.config.get("label_names")
+        if not names:
+            return None
+        count = self.config.get("num_classes")
+        count = count if isinstance(count, int) and not isinstance(count, bool) else len(names)
         if isinstance(names, dict):
-            names = [name for _, name in sorted((int(k), v) for k, v in names.items())]
-        return [str(n) for n in names] if isinstance(names, list) and names else None
+            names = self._indexed_names(names, count)
+        if not isinstance(names, list):
+            raise self.field_error("label_names", names, "a list of class names, or a dict of "
+                                   "class index -> name")
+        bad = next((i for i, name in enumerate(names) if not isinstance(name, str)), None)
+        if bad is not None:
+            raise self.field_error(f"label_names[{bad}]", names[bad], "a class name (a string)")
+        if len(names) != count:
+            raise self.field_error("label_names", f"{len(names)} names", f"num_classes {count}",
+                                   shown=True)
+        return names
+
+    def _indexed_names(self, names, count):
+        """A dict of class index (timm's string keys) -> name as the list in index order."""
+        key = next((k for k in names if not (k.isascii() and k.isdigit())), None)
+        if key is not None:
+            raise self.field_error("label_names", f"a dict with key {key!r}",
+                                   'class indices "0".."N-1" as keys', shown=True)
+        indices = {int(k): v for k, v in names.items()}
+        missing = sorted(set(range(count)) - set(indices))
+        extra = sorted(set(indices) - set(range(count)))
+        if missing or extra or len(indices) != len(names):
+            raise self.field_error(
+                "label_names", f"a dict with keys {min(indices)}..{max(indices)} "
+                f"({len(names)} names)", f"the class indices 0..{count - 1} (num_classes "
+                f"{count}) as keys; missing {missing[:10]}, extra {extra[:10]}", shown=True)
+        return [indices[i] for i in range(count)]
 
 
 def is_pretrained_source(path: str) -> bool:
@@ -78,12 +132,20 @@ def parse_hub_id(source: str) -> tuple[str, str | None]:
     """``hf-hub:ORG/NAME[@REVISION]`` -> (``ORG/NAME``, revision or None).
 
     Raises:
-        HubError: If the id is not of that form.
+        HubError: If the id is not of that form, or ``ORG/NAME`` is not a repository id
+            ``huggingface_hub``'s ``validate_repo_id`` accepts.
     """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
     repo_id, _, revision = source[len(HUB_PREFIX):].partition("@")
     if not _HUB_ID.match(repo_id) or (revision == "" and "@" in source):
         raise HubError(f"{source!r} is not a Hub id: expected hf-hub:ORG/NAME or "
                        f"hf-hub:ORG/NAME@REVISION, e.g. hf-hub:timm/resnet50.tv2_in1k")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise HubError(f"{source!r} is not a Hub id: {repo_id!r} is not a repository name the "
+                       f"Hub allows (ASCII letters, digits, '-', '_', '.'; no '--' or '..', "
+                       f"not starting or ending with '-' or '.', at most 96 characters)") from err
     return repo_id, revision or None
 
 
@@ -108,7 +170,8 @@ def resolve_weights(source: str) -> PretrainedWeights:
         if not os.path.isfile(source):
             raise MissingFileError(f"weights file not found: {source}")
         weights, config = source, os.path.join(os.path.dirname(source), CONFIG_FILE)
-    return PretrainedWeights(source, weights, _read_config(config, source))
+    return PretrainedWeights(source, weights, _read_config(config, source),
+                             config or CONFIG_FILE)
 
 
 @functools.lru_cache(maxsize=8)
@@ -191,6 +254,17 @@ def _read_config(path, source):
     return config
 
 
+def _read_bytes(weights, size=-1):
+    """The first ``size`` bytes of the weights file (-1: all); an OS failure (permission denied,
+    I/O error) is named as it is, with no advice to delete a file that may be good."""
+    try:
+        with open(weights.weights_file, "rb") as f:
+            return f.read(size)
+    except OSError as err:
+        raise HubError(f"{weights.source}: cannot read {weights.weights_file}: "
+                       f"{err.strerror or err}") from err
+
+
 def _unreadable(weights, err):
     """The ``HubError`` of a ``.safetensors`` file safetensors cannot read."""
     return HubError(f"{weights.source}: cannot read {weights.weights_file} as safetensors "
@@ -198,17 +272,46 @@ def _unreadable(weights, err):
                     f"cache (hf cache delete) or the folder and download it again")
 
 
+FLOAT_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
+"""safetensors float dtypes read as numpy dtypes (``BF16``: widened by ``_bfloat16_to_float32``)."""
+INTEGER_LEAVES = ("num_batches_tracked",)
+"""Integer tensors the weights may hold: torch's BatchNorm counters (timm and ``export.py`` save
+them; loading drops them). Any other integer tensor is refused by name."""
+
+
+def _bfloat16_to_float32(data):
+    """bfloat16 is the upper half of a float32: its 16 bits shifted left are the exact value."""
+    return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def _tensor_array(weights, name, spec):
+    dtype, shape, data = spec["dtype"], spec["shape"], spec["data"]
+    if dtype == "BF16":
+        return _bfloat16_to_float32(data).reshape(shape)
+    if dtype in FLOAT_DTYPES:
+        return np.frombuffer(data, FLOAT_DTYPES[dtype]).astype(np.float32).reshape(shape)
+    if dtype[0] in "IU" and name.rsplit(".", 1)[-1] in INTEGER_LEAVES:
+        return np.frombuffer(data, f"<{dtype[0].lower()}{int(dtype[1:]) // 8}").reshape(shape)
+    raise HubError(f"{weights.source}: tensor {name} of {weights.weights_file} is {dtype}; "
+                   f"expected float weights (F32, F16 or BF16; integer tensors only as "
+                   f"{', '.join(INTEGER_LEAVES)})")
+
+
 def read_safetensors(weights: PretrainedWeights) -> dict[str, np.ndarray]:
-    """Tensor name (torchvision's / timm's) -> numpy array in the file's dtype.
+    """Tensor name (torchvision's / timm's) -> numpy array: float16, bfloat16 and float32
+    tensors as float32 (widened exactly), ``INTEGER_LEAVES`` as stored.
 
     Raises:
-        HubError: If the file is not a complete safetensors file (names it and the source).
+        HubError: If the file is not a complete safetensors file, or holds another integer
+            tensor or a dtype not in ``FLOAT_DTYPES`` (names it, the tensor and the source).
     """
-    from safetensors.numpy import load_file
+    from safetensors import deserialize
+    data = _read_bytes(weights)
     try:
-        return load_file(weights.weights_file)
+        tensors = deserialize(data)
     except Exception as err:  # noqa: BLE001  safetensors' SafetensorError, OSError alike
         raise _unreadable(weights, err) from err
+    return {name: _tensor_array(weights, name, spec) for name, spec in tensors}
 
 
 def safetensors_shapes(weights: PretrainedWeights) -> dict[str, tuple[int, ...]]:
@@ -218,6 +321,7 @@ def safetensors_shapes(weights: PretrainedWeights) -> dict[str, tuple[int, ...]]
         HubError: As ``read_safetensors``.
     """
     from safetensors import safe_open
+    _read_bytes(weights, 0)
     try:
         with safe_open(weights.weights_file, framework="numpy") as f:
             return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
@@ -246,36 +350,72 @@ def check_architecture(weights: PretrainedWeights, net_name: str | None = None) 
     return arch
 
 
+def _is_number(value):
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _size_field(weights, name, size):
+    """``input_size``-like field -> its side; (3, S, S) with 1 <= S <= the eval_image_size bound."""
+    bound = UPPER_BOUNDS["eval_image_size"][0]
+    if (not isinstance(size, list) or len(size) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+            or size[0] != 3 or not 1 <= size[1] <= bound):
+        raise weights.field_error(f"pretrained_cfg.{name}", size, f"[3, S, S] with S an integer "
+                                  f"in 1..{bound} (eval_image_size's range)")
+    if size[1] != size[2]:
+        raise PretrainedMismatchError(f"{weights.source}: input size {size} is not square "
+                                      f"(3, S, S)")
+    return size[1]
+
+
+def _crop_pct_field(weights, name, crop_pct, side):
+    """floor(side / crop_pct), timm's resize before the center crop, checked as eval_resize."""
+    bound = UPPER_BOUNDS["eval_resize"][0]
+    if not _is_number(crop_pct) or not 0 < crop_pct <= 1:
+        raise weights.field_error(f"pretrained_cfg.{name}", crop_pct, "a number in (0, 1]")
+    resize = int(math.floor(side / crop_pct))
+    if resize > bound:
+        raise weights.field_error(f"pretrained_cfg.{name}", crop_pct,
+                                  f"a fraction giving an eval_resize of at most {bound}, "
+                                  f"floor({side} / crop_pct) = {resize}")
+    return resize
+
+
 def pretrained_eval_settings(weights: PretrainedWeights) -> dict[str, int | str]:
     """The eval preprocessing of the weights' ``pretrained_cfg`` as config keys:
     ``eval_image_size``, ``eval_resize`` = floor(size / crop_pct) as timm computes it,
     ``eval_interpolation``; from ``test_input_size`` / ``test_crop_pct`` when given. Only the
-    keys it gives.
+    keys it gives, in the ranges the keys have on the command line.
 
     Raises:
+        WeightsConfigError: For a field of a wrong type or out of range (names the file).
         PretrainedMismatchError: For another mean or std than ImageNet's, a size that is not
             square, or an interpolation not in ``INTERPOLATIONS``.
     """
     info = weights.pretrained_cfg
     for key, expected in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
-        if key in info and not np.allclose(info[key], expected, rtol=0, atol=1e-6):
+        if key not in info:
+            continue
+        value = info[key]
+        if not isinstance(value, list) or len(value) != 3 or not all(map(_is_number, value)):
+            raise weights.field_error(f"pretrained_cfg.{key}", value,
+                                      "a list of 3 numbers (per RGB channel)")
+        if not np.allclose(value, expected, rtol=0, atol=1e-6):
             raise PretrainedMismatchError(
-                f"{weights.source} expects images normalized with {key} {info[key]}, but this "
+                f"{weights.source} expects images normalized with {key} {value}, but this "
                 f"package normalizes with ImageNet's {key} {list(expected)}: these weights "
                 f"would be evaluated on wrongly normalized images")
     settings = {}
-    size = info.get("test_input_size") or info.get("input_size")
-    crop_pct = info.get("test_crop_pct") or info.get("crop_pct")
-    if size:
-        if len(size) != 3 or size[1] != size[2]:
-            raise PretrainedMismatchError(f"{weights.source}: input size {size} is not square "
-                                          f"(3, S, S)")
-        settings["eval_image_size"] = int(size[-1])
-        if crop_pct:
-            settings["eval_resize"] = int(math.floor(size[-1] / crop_pct))
+    size_key = "test_input_size" if info.get("test_input_size") is not None else "input_size"
+    crop_key = "test_crop_pct" if info.get("test_crop_pct") is not None else "crop_pct"
+    if info.get(size_key) is not None:
+        side = _size_field(weights, size_key, info[size_key])
+        settings["eval_image_size"] = side
+        if info.get(crop_key) is not None:
+            settings["eval_resize"] = _crop_pct_field(weights, crop_key, info[crop_key], side)
     interpolation = info.get("interpolation")
     if interpolation:
-        if interpolation not in INTERPOLATIONS:
+        if not isinstance(interpolation, str) or interpolation not in INTERPOLATIONS:
             raise PretrainedMismatchError(
                 f"{weights.source}: interpolation {interpolation!r} is not one this package "
                 f"applies ({', '.join(INTERPOLATIONS)})")
