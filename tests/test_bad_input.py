@@ -101,6 +101,7 @@ def test_corrupt_and_truncated_jpegs_are_named_before_training(folder):
     assert "corrupt.jpg" in message and "truncated.jpg" in message
 
 
+@pytest.mark.slow  # a fresh train.py process
 def test_a_jpeg_cut_in_its_headers_is_named_with_the_check_off(folder):
     """The 443-byte cut of a CIFAR JPEG (inside its Huffman tables): MindSpore's decoder stopped
     the process with SIGFPE (exit 136, no message); the headers are read with the check off."""

@@ -1,5 +1,5 @@
 """One list of each preprocessing choice: config.yaml's allowed values and the checks'
-limits are the constants the pipelines use (``src.utils.image_constants``)."""
+limits are the constants the pipelines use (``src.utils.image_constants``, ``src.utils.limits``)."""
 from dataclasses import fields
 
 import pytest
@@ -8,11 +8,8 @@ from src.data.settings import EvalPreprocess, TrainAugment
 from src.data.transforms import EVAL_INTERPOLATIONS
 from src.recipe import TRAIN_AUGMENT_KEYS, train_augment
 from src.utils.config import load_schema, parse_config
-from src.utils.image_constants import (
-    INTERPOLATIONS,
-    RANDAUGMENT_MAX_MAGNITUDE,
-    RANDAUGMENT_MAX_OPS,
-)
+from src.utils.image_constants import INTERPOLATIONS
+from src.utils.limits import RANDAUGMENT_MAX_MAGNITUDE, RANDAUGMENT_MAX_OPS
 
 
 def test_config_allows_the_interpolations_the_pipeline_applies():

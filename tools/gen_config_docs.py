@@ -30,8 +30,12 @@ from src.utils.config import (  # noqa: E402
     read_sections,
 )
 from src.utils.files import plain_file_mode  # noqa: E402
-from src.utils.image_constants import RANDAUGMENT_MAX_MAGNITUDE, RANDAUGMENT_MAX_OPS  # noqa: E402
-from src.utils.limits import FLOAT32_MAX, INT32_MAX  # noqa: E402
+from src.utils.limits import (  # noqa: E402
+    FLOAT32_MAX,
+    INT32_MAX,
+    RANDAUGMENT_MAX_MAGNITUDE,
+    RANDAUGMENT_MAX_OPS,
+)
 
 PAGE = os.path.join(ROOT, "docs", "configuration.md")
 CODE_RANGES = {"scale_factor": "> 1", "randaugment_num_ops": f"from 0 to {RANDAUGMENT_MAX_OPS}",

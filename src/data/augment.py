@@ -13,7 +13,7 @@ import mindspore.dataset.transforms as transforms
 import mindspore.dataset.vision as vision
 import numpy as np
 
-from src.utils.image_constants import (
+from src.utils.limits import (
     MAGNITUDE_BINS,
     RANDAUGMENT_MAX_MAGNITUDE,
     RANDAUGMENT_MAX_OPS,

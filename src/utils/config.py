@@ -10,11 +10,6 @@ import re
 import yaml
 
 from src.utils.errors import UserError
-from src.utils.image_constants import (
-    MAGNITUDE_BINS,
-    RANDAUGMENT_MAX_MAGNITUDE,
-    RANDAUGMENT_MAX_OPS,
-)
 from src.utils.limits import (
     AUG_REPEATS_MAX,
     BATCH_SIZE_MAX,
@@ -23,7 +18,10 @@ from src.utils.limits import (
     FLOAT32_MAX,
     IMAGE_SIDE_MAX,
     INT32_MAX,
+    MAGNITUDE_BINS,
     MAX_TRAINABLE_LAYERS,
+    RANDAUGMENT_MAX_MAGNITUDE,
+    RANDAUGMENT_MAX_OPS,
     SEED_MAX,
 )
 

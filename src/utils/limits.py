@@ -10,3 +10,6 @@ BATCH_SIZE_MAX = 2 ** 16  # images per device per step
 IMAGE_SIDE_MAX = 4096  # pixels per side of a training or eval image
 AUG_REPEATS_MAX = 64  # copies of each image per epoch (aug_repeats)
 MAX_TRAINABLE_LAYERS = 5  # stages that can train: conv1 (with bn1) and layer1 .. layer4
+MAGNITUDE_BINS = 31  # TrivialAugment / RandAugment magnitude bins (torchvision's)
+RANDAUGMENT_MAX_OPS = 3  # its one random choice over op tuples has 28 ** num_ops entries
+RANDAUGMENT_MAX_MAGNITUDE = MAGNITUDE_BINS - 1  # a bin index
