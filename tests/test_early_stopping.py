@@ -20,6 +20,7 @@ from src.recipe import check_train_config
 from src.training.best import BestCheckpoint
 from src.training.callbacks import StepState
 from src.training.early_stop import EarlyStop, Patience, ended_early, with_early_stop
+from src.training.loop import track_run_end
 from src.utils.config import ConfigError, parse_config
 from src.utils.tracking import TensorBoardLog
 from tests.helpers import run_in_process, train_in_process
@@ -176,6 +177,24 @@ def test_the_callback_skips_epochs_without_an_evaluation():
         state.global_step = step
         early.on_train_epoch_end(run_context())
     assert decision.epoch == 1 and state.early_stop is None
+
+
+def test_the_run_end_hyperparameters_take_the_last_epoch_record_not_the_event(tmp_path):
+    """TensorBoard's hparams at the end read metrics.jsonl's last epoch record; the early
+    stop's record after it holds no loss or top-1."""
+    epoch = {"epoch": 3, "step": 9, "loss": 2.5, "top1": 0.25, "best_top1": 0.5}
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps(epoch) + "\n" + json.dumps({"event": "early_stop", "epoch": 3, "step": 9})
+        + "\n")
+    written = []
+    tracker = type("Tracker", (), {"hparams": lambda self, *args: written.append(args),
+                                   "close": lambda self: None})()
+    callbacks = type("Callbacks", (), {})()
+    callbacks.monitor = type("Monitor", (), {"tracker": tracker})()
+    callbacks.state = StepState(9)
+    track_run_end(callbacks, str(tmp_path), {"net_name": "resnet18"})
+    assert written == [({"net_name": "resnet18"}, {"hparams/loss": 2.5, "hparams/top1": 0.25,
+                                                   "hparams/best_top1": 0.5}, 9)]
 
 
 @pytest.mark.parametrize("flag, value, message", [

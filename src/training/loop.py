@@ -177,7 +177,7 @@ def own_failure(callbacks: TrainCallbacks) -> tuple[str, int] | None:
 
 def track_run_end(callbacks: TrainCallbacks, output_dir: str, config: dict) -> None:
     """TensorBoard at the end of a run: ``config`` (the resolved config) as hyperparameters
-    with the numbers of the last record of ``output_dir``'s metrics.jsonl, then the file
+    with the numbers of the last epoch record of ``output_dir``'s metrics.jsonl, then the file
     closed; nothing without a tracker."""
     tracker = callbacks.monitor.tracker
     if tracker is None:
