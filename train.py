@@ -57,6 +57,7 @@ from src.training.callbacks import (
     TrainMonitor,
     loss_value,
 )
+from src.training.early_stop import EarlyStop, Patience, ended_early, with_early_stop
 from src.training.evaluator import eval_shard
 from src.training.loop import TrainCallbacks, finish, track_run_end, train_run
 from src.training.lr_schedule import LR_KEYS, create_lr
@@ -131,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                      epoch_size=cfg.epoch_size, steps_per_epoch=data.steps_per_epoch,
                      total_steps=len(lr), device_num=device_num, log=log,
                      train_images=data.train_images)
+    if stopped_early(cfg, run, data.steps_per_epoch, log):  # nothing to train
+        if lock:
+            lock.release()
+        return 0
     if probe_end and run.start_step >= probe_end:  # resumed after LP-FT's switch
         model = fine_tune(model, run.resume_path if run.start_step > probe_end else "")
 
@@ -167,6 +172,24 @@ def main(argv: list[str] | None = None) -> int:
     if lock:
         lock.release()
     return status
+
+
+def stopped_early(cfg: Config, run: ResumedRun, steps_per_epoch: int,
+                  log: logging.Logger) -> bool:
+    """Whether the resumed checkpoint is where early stopping ended the run, and stays so
+    (no larger ``early_stopping_patience`` given, no ``--overwrite``): then one line says so."""
+    epoch, into = divmod(run.start_step, steps_per_epoch)
+    stored = (run.best or {}).get("early_stop")
+    if into or cfg.overwrite or not ended_early(
+            stored, epoch, cfg.user_value("early_stopping_patience")):
+        return False
+    log.info("the run in %s stopped early after epoch %d (no improvement since epoch %d): "
+             "nothing to train; best epoch %d, %s %.6g: %s; a larger "
+             "--early_stopping_patience or --overwrite true trains on", cfg.output_dir, epoch,
+             stored["epoch"], run.best["epoch"],
+             "ema_top1" if cfg.best_on_ema and cfg.ema_decay else "top1", run.best["top1"],
+             best_checkpoint_path(cfg.output_dir, cfg.net_name))
+    return True
 
 
 def prepare_run_folder(cfg: Config, run: ResumedRun, *, class_names: list[str], rank: int,
@@ -273,6 +296,14 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
         eval_interval=cfg.eval_interval, tracker=tracker, lr_groups=lr_groups,
         after_eval=confusion_at_best(tracker, evaluator, best, data.class_names,
                                      plot_confusion))
+    patience = early = None
+    if best is not None and cfg.early_stopping_patience:
+        patience = Patience(cfg.early_stopping_patience, cfg.early_stopping_min_delta,
+                            first_epoch=cfg.linear_probe_epochs, last_epoch=cfg.epoch_size)
+        patience.restore((run.best or {}).get("early_stop"),
+                         restart_at=run.start_step // steps_per_epoch if cfg.overwrite else None)
+        early = EarlyStop(patience, best, state, steps_per_epoch=steps_per_epoch,
+                          metrics_path=records, logger=log, tracker=tracker)
     prunable = own_checkpoints(cfg.output_dir, cfg.net_name, steps_per_epoch,
                           run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, output_dir=cfg.output_dir, prefix=cfg.net_name,
@@ -281,12 +312,14 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
                             save_epochs=cfg.save_checkpoint_epochs,
                             save_steps=cfg.save_checkpoint_steps, keep_max=cfg.keep_checkpoint_max,
                             own_files=prunable, write=is_main,
-                            best=best.score if best is not None else None,
+                            best=with_early_stop(best.score, patience)
+                            if best is not None else None,
                             train_data=json.dumps(run.data))
     profile = parse_profile_steps(cfg.profile_steps)
     profiler = ProfileSteps(state, *profile, output_dir=os.path.join(cfg.output_dir, "profiler"),
                             logger=log, total_steps=len(lr)) if profile else None
-    on_steps = [stop, monitor, saver] + ([profiler] if profiler else [])
+    on_steps = [stop, monitor] + ([early] if early else []) + [saver] + (
+        [profiler] if profiler else [])
     agreement = stop.watch(state)  # after the saver: failures agreed at each epoch end
     return TrainCallbacks(state=state, monitor=monitor, saver=saver, profiler=profiler,
                           all=[state, OptimizerStepCallbacks(state, on_steps, [stop.install]),

@@ -57,7 +57,8 @@ def check_train_config(cfg: Config) -> None:
     """Reject training values that cannot work, naming the key (ranges: ``check_values``).
 
     Raises:
-        ConfigError: Empty ``data_path``, ``run_eval`` without eval data, a bad split, balance
+        ConfigError: Empty ``data_path``, ``run_eval`` without eval data, early stopping
+            without ``run_eval``, a bad split, balance
             or ``profile_steps``, a linear probe as long as the run, or a last-stage BatchNorm
             seeing one value per channel.
     """
@@ -66,6 +67,10 @@ def check_train_config(cfg: Config) -> None:
     if cfg.run_eval and not (cfg.eval_data_path or cfg.val_split):
         raise ConfigError("run_eval is true but eval_data_path is empty (and val_split is 0: "
                           "no part of data_path is held out)")
+    if cfg.early_stopping_patience and not cfg.run_eval:
+        raise ConfigError(f"early_stopping_patience {cfg.early_stopping_patience} needs an "
+                          f"evaluation during training: set run_eval true (with "
+                          f"eval_data_path or val_split), or early_stopping_patience 0")
     check_split_and_balance(cfg)
     parse_profile_steps(cfg.profile_steps)
     if cfg.linear_probe_epochs >= cfg.epoch_size:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from src.data.sampling import EpochSampler
-from src.utils.checkpoint import checkpoint_name
+from src.utils.checkpoint import checkpoint_name, read_checkpoint, stored_best
 from src.utils.device import check_fusion_config, fusion_config_for
 from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders, run_in_process, succeeded
 
@@ -250,7 +250,9 @@ def two_hosts(tmp_path_factory):
     """One data-parallel training run as two hosts on loopback (multi-host msrun through
     ``scripts/run_distribute_train_cpu.sh``, as documented: two launches, one worker each,
     node ranks 0 and 1), with --run_eval true, a weight EMA, LP-FT (fc alone in epoch 1,
-    then layer4 too), the class-balanced sampler and TensorBoard, over 160 training images
+    then layer4 too), the class-balanced sampler, TensorBoard and early stopping (4 epochs;
+    patience 1 with a min_delta no rise reaches: fine-tuning's first evaluation, epoch 2, is
+    the reference, so the run ends after epoch 3), over 160 training images
     (16 per class: each rank 80 draws, 5 steps of 16 per epoch) and an eval set whose size
     (199) does not divide by the ranks. Returns {"hosts": [(returncode, stdout, stderr) by
     node], "out": [host 0's output folder, host 1's], "eval_dir"}; rank R's msrun log is in
@@ -282,10 +284,11 @@ def two_hosts(tmp_path_factory):
             ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_cpu.sh"), *common,
              "--node_rank", str(node), train_dir, "configs/quick_start.yaml", str(outs[node]),
              "--eval_data_path", eval_dir, "--run_eval", "true", "--eval_interval", "1",
-             "--epoch_size", "2", "--batch_size", "16", "--base_lr", "0.2",
+             "--epoch_size", "4", "--batch_size", "16", "--base_lr", "0.2",
              "--warmup_epochs", "0", "--ema_decay", "0.5", "--save_checkpoint_epochs", "1",
              "--log_interval", "2", "--linear_probe_epochs", "1", "--trainable_layers", "1",
-             "--class_balance", "sampler", "--tensorboard", "true"],
+             "--class_balance", "sampler", "--tensorboard", "true",
+             "--early_stopping_patience", "1", "--early_stopping_min_delta", "0.99"],
             cwd=ROOT, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     try:
@@ -334,10 +337,11 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
                                 "fused in groups split at [9, 16] of 17 trainable")
         assert worker_log_lines(logs[rank], rank, "LP-FT: linear probe done after 5 steps")
     # the class-balanced sampler, sharded: each rank 80 of the 160 draws, 5 batches of 16
-    assert "epoch 1/2 step 5/5" in out.joinpath("train.log").read_text()
+    assert "epoch 1/4 step 5/5" in out.joinpath("train.log").read_text()
     assert sorted(p.name for p in out.iterdir() if "best" in p.name) == ["resnet18-best.ckpt"]
     records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
-    assert [r["epoch"] for r in records] == [1, 2]
+    records = [r for r in records if "event" not in r]  # the early stop's: test below
+    assert [r["epoch"] for r in records] == [1, 2, 3]
     # every rank computed the same figures, so took the same "best" decisions
     evaluated = ("top1", "top5", "eval_loss", "ema_top1", "ema_top5", "ema_eval_loss",
                  "best_top1", "eval_images")
@@ -358,8 +362,8 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
     losses = [(e.step, round(e.value, 4)) for e in reader.Scalars("train/loss")]
     lines = [line.split("(global ", 1)[1] for line in worker_log_lines(out, 0, " loss ")
              if "(global " in line]
-    # log_interval 2 over 5 steps an epoch: steps 2, 4 and the epoch's last, 2 epochs
-    assert len(losses) == 6 and losses == [
+    # log_interval 2 over 5 steps an epoch: steps 2, 4 and the epoch's last, 3 epochs
+    assert len(losses) == 9 and losses == [
         (int(x.split(")")[0]), float(x.split(" loss ")[1].split()[0])) for x in lines]
     for key, tag in (("top1", "top1"), ("ema_top1", "ema_top1"), ("best_top1", "best_top1"),
                      ("eval_loss", "loss"), ("ema_eval_loss", "ema_loss")):
@@ -379,8 +383,8 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
         return json.load(open(folder / "eval_result.json", encoding="utf-8"))
 
     best = max(records, key=lambda r: r["top1"])  # the first of equals: it is not replaced
-    for ckpt, use_ema, prefix, record in ((out / "resnet18-2_5.ckpt", "false", "", last),
-                                          (out / "resnet18-2_5.ckpt", "true", "ema_", last),
+    for ckpt, use_ema, prefix, record in ((out / "resnet18-3_5.ckpt", "false", "", last),
+                                          (out / "resnet18-3_5.ckpt", "true", "ema_", last),
                                           (out / "resnet18-best.ckpt", "false", "", best)):
         report = eval_py(str(ckpt), use_ema)
         print(f"\n[dist eval] {ckpt.name} use_ema {use_ema}: eval.py top-1 {report['top1']} "
@@ -390,6 +394,27 @@ def test_data_parallel_evaluation_counts_each_image_once_and_rank0_keeps_the_bes
         assert report["images"] == 199
         for k in ("top1", "top5"):
             assert report[k] == pytest.approx(record[prefix + k], abs=1e-12), (k, record)
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_early_together_counting_from_fine_tuning(two_hosts):
+    """Early stopping on 2 ranks (the run of ``two_hosts``: LP-FT's probe in epoch 1, patience
+    1, a min_delta no rise reaches, 4 epochs): both ranks end after epoch 3, each saying why
+    with the best checkpoint; rank 0 saves that epoch's checkpoint with the count and records
+    the reason last in metrics.jsonl; nothing of epoch 4 is trained."""
+    out, logs = two_hosts["out"][0], two_hosts["out"]
+    for rank in range(2):
+        lines = worker_log_lines(logs[rank], rank, "early stopping after epoch ")
+        assert len(lines) == 1 and "after epoch 3: top1" in lines[0], (rank, lines)
+        assert "(epoch 2) by more than 0.99 for 1 epochs" in lines[0]
+        assert "resnet18-best.ckpt" in lines[0]
+        assert not worker_log_lines(logs[rank], rank, "epoch 4/4")
+    event = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {k: event[k] for k in ("event", "epoch", "reference_epoch", "patience")} == {
+        "event": "early_stop", "epoch": 3, "reference_epoch": 2, "patience": 1}
+    assert sorted(p.name for p in out.glob("resnet18-*_5.ckpt"))[-1] == "resnet18-3_5.ckpt"
+    stored = stored_best(read_checkpoint(str(out / "resnet18-3_5.ckpt")))
+    assert stored["early_stop"]["stopped"] == 3 and stored["early_stop"]["epoch"] == 2
 
 
 def worker_pids(marker):

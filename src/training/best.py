@@ -38,6 +38,7 @@ class BestCheckpoint:
         self.top1 = -1.0
         self.epoch = None
         self.is_new = False  # whether the last evaluation set a new best
+        self.last = None  # the last evaluation: (epoch, score)
         self.error = None  # why the checkpoint could not be written
 
     def score(self) -> dict | None:
@@ -61,6 +62,7 @@ class BestCheckpoint:
         ``metrics[self.metric]`` beats the best, record it and save ``network`` (the one that metric
         measured) unless an earlier write failed. Returns whether it is a new best (``is_new``)."""
         self.is_new = metrics[self.metric] > self.top1
+        self.last = (epoch, metrics[self.metric])
         if self.is_new:
             self.top1, self.epoch = metrics[self.metric], epoch
             if self.write and not self.error:

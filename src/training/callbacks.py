@@ -106,6 +106,7 @@ class StepState(Callback):
         self.failure = None  # this process's first reason to stop (a STOP_REASONS code)
         self.agreed = False  # data parallel: stops wait for the ranks' agreement
         self.stopped_by = None  # (rank, reason, global step) the ranks agreed on
+        self.early_stop = None  # the epoch early stopping ended the run at (not a failure)
         self._counter = None  # TrainStep's overflow_count, found at train begin
         self._counted = 0  # its value at the last read
 

@@ -54,9 +54,9 @@ class TrainPlan:
 
 def stopped(callbacks: TrainCallbacks, stop: StopSignals) -> bool:
     """Whether training must not go on: a signal, a non-finite loss or too many overflowed
-    steps, or a checkpoint or record not written (in data parallel: as the ranks agreed, so
-    every rank returns the same)."""
-    return bool(stop.received or callbacks.state.must_stop)
+    steps, a checkpoint or record not written, or early stopping (in data parallel: as the
+    ranks agreed, so every rank returns the same)."""
+    return bool(stop.received or callbacks.state.must_stop or callbacks.state.early_stop)
 
 
 def train_run(model: Model, callbacks: TrainCallbacks, plan: TrainPlan, start_step: int,
@@ -177,7 +177,7 @@ def own_failure(callbacks: TrainCallbacks) -> tuple[str, int] | None:
 
 def track_run_end(callbacks: TrainCallbacks, output_dir: str, config: dict) -> None:
     """TensorBoard at the end of a run: ``config`` (the resolved config) as hyperparameters
-    with the numbers of the last record of ``output_dir``'s metrics.jsonl, then the file
+    with the numbers of the last epoch record of ``output_dir``'s metrics.jsonl, then the file
     closed; nothing without a tracker."""
     tracker = callbacks.monitor.tracker
     if tracker is None:
@@ -187,7 +187,8 @@ def track_run_end(callbacks: TrainCallbacks, output_dir: str, config: dict) -> N
     if os.path.isfile(records):
         with open(records, encoding="utf-8") as f:
             lines = [line for line in f if line.strip()]
-        last = json.loads(lines[-1]) if lines else {}
+        epochs = [record for record in map(json.loads, lines) if "event" not in record]
+        last = epochs[-1] if epochs else {}
     metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
                                                        "ema_top1") if key in last}
     tracker.hparams(config, metrics, callbacks.state.global_step)

@@ -56,6 +56,8 @@ MAY_DIFFER = frozenset((
     # logging, profiling, plots, the overflow stop
     "log_interval", "profile_steps", "plot", "tensorboard", "benchmark_steps",
     "max_overflow_fraction",
+    # when the run ends early (a stopped run may be extended with a larger patience)
+    "early_stopping_patience", "early_stopping_min_delta",
     # checkpoint cadence and retention, eval cadence
     "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "run_eval",
     "eval_interval",

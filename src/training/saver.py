@@ -81,7 +81,8 @@ class CheckpointSaver(Callback):
         epoch, into_epoch = divmod(step, self.steps_per_epoch)
         due, self.step_save_due = self.step_save_due, False
         if self.stop.received or due or (not into_epoch and (epoch % self.save_epochs == 0
-                                                             or step == self.total_steps)):
+                                                             or step == self.total_steps
+                                                             or self.state.early_stop)):
             self.save(run_context)  # a signal during epoch-end eval saves here too
 
     def save(self, run_context: RunContext) -> None:

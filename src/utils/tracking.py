@@ -83,6 +83,10 @@ class TensorBoardLog:
         self._write([self.summary.scalar(tag, float(value)) for tag, value in values.items()
                      if value is not None], step)
 
+    def text(self, tag: str, step: int, text: str) -> None:
+        """Write ``text`` as text summary ``tag`` at ``step``."""
+        self._write([self.summary.text(tag, text)], step)
+
     def image(self, tag: str, step: int, png_path: str) -> None:
         """Write the PNG file ``png_path`` as image ``tag`` at ``step``."""
         from PIL import Image
