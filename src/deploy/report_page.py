@@ -207,8 +207,8 @@ def curves_section(metrics_path: str) -> str:
     """The training curves of ``metrics_path`` as an embedded PNG, or a note naming why not."""
     try:
         records = read_metrics(metrics_path)
-        buffer = plot_runs([(os.path.basename(os.path.dirname(metrics_path)) or "run", records)],
-                           io.BytesIO())
+        label = os.path.basename(os.path.dirname(os.path.abspath(metrics_path)))
+        buffer = plot_runs([(label, records)], io.BytesIO())
     except MetricsError as err:
         return f'<p class="note">training curves not drawn: {esc(err)}</p>'
     except ImportError:
@@ -222,8 +222,7 @@ def curves_section(metrics_path: str) -> str:
 def run_folder_of(checkpoint_path: str) -> str | None:
     """The folder of a checkpoint file (where train.py wrote its metrics and config), or None
     for anything else (Hub ids, folders)."""
-    return os.path.dirname(os.path.abspath(checkpoint_path)) if os.path.isfile(
-        checkpoint_path) else None
+    return (os.path.dirname(checkpoint_path) or ".") if os.path.isfile(checkpoint_path) else None
 
 
 def build_report_page(result: dict, *, output_dir: str, eval_config: str,
