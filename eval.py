@@ -198,7 +198,7 @@ def main(argv=None):
     page = os.path.join(cfg.output_dir, "report.html")
     atomic_write_text(page, build_report_page(
         dict(summary, **details), output_dir=cfg.output_dir, eval_config=cfg.to_yaml(),
-        run_folder=run_folder_of(cfg.checkpoint_path)))
+        run_folder=run_folder_of(cfg.checkpoint_path), exif_transpose=cfg.exif_transpose))
     print(f"report page: {page}")
     if cfg.plot:
         picture = os.path.join(cfg.output_dir, "confusion_matrix.png")

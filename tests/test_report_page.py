@@ -193,6 +193,21 @@ def test_an_unreadable_image_is_named_on_the_page(tmp_path):
     assert notes and all(str(bad) in note for note in notes) and not list(root.all("img"))
 
 
+def test_thumbnails_are_turned_upright_as_eval_read_them(tmp_path):
+    """With ``exif_transpose`` (the eval config's), a photo stored sideways is shown upright."""
+    from tests.test_exif import save_with_orientation
+
+    wide = Image.new("RGB", (120, 60), (10, 200, 10))
+    stored = save_with_orientation(wide, tmp_path / "sideways.jpg", 6)  # 90 degrees clockwise
+    result = made_up_result(["a", "b"], files=[(stored, 0), (stored, 1)])
+    sizes = {}
+    for upright in (False, True):
+        root = parse(build_report_page(result, output_dir=str(tmp_path), eval_config="",
+                                       exif_transpose=upright))
+        sizes[upright] = {data_uri_image(img.attrs["src"]).size for img in root.all("img")}
+    assert sizes == {False: {(120, 60)}, True: {(60, 120)}}
+
+
 def test_training_curves_and_config_only_when_beside_the_checkpoint(tmp_path):
     result = made_up_result(["a", "b"], count=4)
     run = tmp_path / "run"

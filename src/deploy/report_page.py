@@ -14,8 +14,8 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image
 
+from src.data.transforms import decode_rgb
 from src.deploy.report import FULL_PLOT_CLASSES, TOP_CONFUSIONS, top_confusions
 from src.utils.curves import MetricsError, plot_runs, read_metrics
 
@@ -107,25 +107,27 @@ def number(value: object) -> str:
     return f"{value:.4f}" if isinstance(value, float) else esc(value)
 
 
-def thumbnail(path: str, side: int = THUMBNAIL_SIDE) -> str:
-    """The image at ``path`` as a ``data:`` URI of a JPEG at most ``side`` px a side.
+def thumbnail(path: str, exif_transpose: bool = False, side: int = THUMBNAIL_SIDE) -> str:
+    """The image at ``path``, decoded as eval reads it (``decode_rgb``), as a ``data:`` URI of
+    a JPEG at most ``side`` px a side.
 
     Raises:
-        OSError: If it cannot be read or decoded (Pillow's errors).
+        OSError: If it cannot be read. ValueError: If it cannot be decoded.
     """
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-        image.thumbnail((side, side))
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=85)
+    with open(path, "rb") as f:
+        image = decode_rgb(f.read(), exif_transpose)
+    image.thumbnail((side, side))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=85)
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def image_tag(path: str, alt: str) -> str:
+def image_tag(path: str, alt: str, exif_transpose: bool = False) -> str:
     """An ``<img>`` of the embedded thumbnail of ``path``, or a note naming why it is missing."""
     try:
-        return f'<img src="{thumbnail(path)}" alt="{esc(alt)}" title="{esc(path)}">'
-    except (OSError, Image.DecompressionBombError) as err:
+        return (f'<img src="{thumbnail(path, exif_transpose)}" alt="{esc(alt)}" '
+                f'title="{esc(path)}">')
+    except (OSError, ValueError) as err:
         return f'<p class="note">{esc(alt)} not shown: {esc(path)}: {esc(err)}</p>'
 
 
@@ -179,12 +181,12 @@ def confusion_section(matrix: Sequence[Sequence[int]], names: Sequence[str]) -> 
             f'<tbody>{"".join(body)}</tbody></table>')
 
 
-def mistake_card(entry: dict, output_dir: str) -> str:
+def mistake_card(entry: dict, output_dir: str, exif_transpose: bool) -> str:
     """One misclassified image: the image, its CAM overlay when ``cam`` is set, the true and
     predicted classes, the top-3."""
     image = entry["image"]
     if isinstance(image, str):
-        picture = image_tag(image, "image")
+        picture = image_tag(image, "image", exif_transpose)
         where = f'<div class="path">{esc(image)}</div>'
     else:  # the CIFAR-10 binary format: no file
         picture, where = "", f"<div>image {esc(image)} in evaluation order</div>"
@@ -197,8 +199,9 @@ def mistake_card(entry: dict, output_dir: str) -> str:
             f'({entry["probability"]:.3f})</div><ol class="top3">{top}</ol>{where}</div>')
 
 
-def mistakes_section(mistakes: Sequence[dict], output_dir: str, shown: int) -> str:
-    cards = "".join(mistake_card(entry, output_dir) for entry in mistakes[:shown])
+def mistakes_section(mistakes: Sequence[dict], output_dir: str, shown: int,
+                     exif_transpose: bool) -> str:
+    cards = "".join(mistake_card(entry, output_dir, exif_transpose) for entry in mistakes[:shown])
     return (f"<p>{len(mistakes)} misclassified images; the first {min(shown, len(mistakes))}, "
             f'most confident first, with the top-3 classes</p><div class="cards">{cards}</div>')
 
@@ -226,7 +229,8 @@ def run_folder_of(checkpoint_path: str) -> str | None:
 
 
 def build_report_page(result: dict, *, output_dir: str, eval_config: str,
-                      run_folder: str | None = None, shown: int = SHOWN_IMAGES) -> str:
+                      run_folder: str | None = None, shown: int = SHOWN_IMAGES,
+                      exif_transpose: bool = False) -> str:
     """The report page of an evaluation.
 
     Args:
@@ -237,6 +241,7 @@ def build_report_page(result: dict, *, output_dir: str, eval_config: str,
         run_folder: Where ``metrics.jsonl`` and the training ``config.yaml`` are looked for
             (``run_folder_of``); None: no training sections.
         shown: How many misclassified images are shown.
+        exif_transpose: Their thumbnails turned upright first, as eval read them.
 
     Returns:
         The HTML document.
@@ -254,7 +259,7 @@ def build_report_page(result: dict, *, output_dir: str, eval_config: str,
         ("confusion-matrix", "Confusion matrix",
          confusion_section(result["confusion_matrix"], names)),
         ("misclassified-images", "Misclassified images",
-         mistakes_section(result["misclassified"], output_dir, shown))]
+         mistakes_section(result["misclassified"], output_dir, shown, exif_transpose))]
     if metrics and os.path.isfile(metrics):
         sections.insert(1, ("training-curves", "Training curves", curves_section(metrics)))
     sections.append(("eval-config-section", "Eval config",
