@@ -202,6 +202,8 @@ def mistake_card(entry: dict, output_dir: str, exif_transpose: bool) -> str:
 def mistakes_section(mistakes: Sequence[dict], output_dir: str, shown: int,
                      exif_transpose: bool) -> str:
     cards = "".join(mistake_card(entry, output_dir, exif_transpose) for entry in mistakes[:shown])
+    if not mistakes:
+        return "<p>no misclassified images</p>"
     return (f"<p>{len(mistakes)} misclassified images; the first {min(shown, len(mistakes))}, "
             f'most confident first, with the top-3 classes</p><div class="cards">{cards}</div>')
 
