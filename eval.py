@@ -21,7 +21,8 @@ evaluated. The JSON also holds the per-class report: accuracy,
 precision, recall and F1 per class, the confusion matrix, and the misclassified images (file
 path, or index for the CIFAR-10 binary format; true and predicted class, probability), most
 confident mistakes first; ``--plot true`` draws the confusion matrix
-(``confusion_matrix.png``). Progress (images done, img/s, ETA) goes to stderr:
+(``confusion_matrix.png``). ``report.html`` beside it shows it all on one page
+(``src/deploy/report_page.py``). Progress (images done, img/s, ETA) goes to stderr:
 a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/utils/progress.py``).
 ``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
 """
@@ -44,6 +45,7 @@ from src.data.pipeline import class_names_of, count_images, image_folder_files
 from src.data.settings import Sampling
 from src.deploy import formats
 from src.deploy.report import ClassReport, plot_confusion
+from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.recipe import network_kwargs, resolve_eval_preprocess, split_indices
@@ -193,6 +195,11 @@ def main(argv=None):
     print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over {summary['images']} "
           f"images; lowest per-class accuracy: {worst}; "
           f"{len(details['misclassified'])} misclassified images listed in {out}")
+    page = os.path.join(cfg.output_dir, "report.html")
+    atomic_write_text(page, build_report_page(
+        dict(summary, **details), output_dir=cfg.output_dir, eval_config=cfg.to_yaml(),
+        run_folder=run_folder_of(cfg.checkpoint_path), exif_transpose=cfg.exif_transpose))
+    print(f"report page: {page}")
     if cfg.plot:
         picture = os.path.join(cfg.output_dir, "confusion_matrix.png")
         plot_confusion(details["confusion_matrix"], report.names, picture)

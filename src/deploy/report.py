@@ -16,6 +16,7 @@ from src.utils.files import plain_file_mode
 
 FULL_PLOT_CLASSES = 50  # up to this many classes the picture names every row and column
 TOP_CONFUSIONS = 20  # listed beside the picture beyond FULL_PLOT_CLASSES
+TOP_K = 3  # the most probable classes listed with each misclassified image ("top3")
 
 
 class ClassReport:
@@ -33,7 +34,7 @@ class ClassReport:
                  images: Sequence[tuple[str, int]] | None = None) -> None:
         self.class_num, self.names, self.images = class_num, list(names), images
         self.confusion = np.zeros((class_num, class_num), np.int64)
-        self.mistakes = []  # (probability of the prediction, index, true, predicted)
+        self.mistakes = []  # (probability of the prediction, index, true, predicted, top k)
         self.seen = 0
 
     def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
@@ -47,12 +48,13 @@ class ClassReport:
                                    f"order of the folder listing: cannot name them")
         predicted = logits.argmax(axis=1)
         shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probability = (shifted / shifted.sum(axis=1, keepdims=True))[np.arange(len(labels)),
-                                                                        predicted]
+        softmax = shifted / shifted.sum(axis=1, keepdims=True)
+        probability = softmax[np.arange(len(labels)), predicted]
         np.add.at(self.confusion, (labels, predicted), 1)
         for i in np.flatnonzero(predicted != labels):
+            top = np.argsort(-softmax[i], kind="stable")[:TOP_K]
             self.mistakes.append((float(probability[i]), self.seen + int(i), int(labels[i]),
-                                  int(predicted[i])))
+                                  int(predicted[i]), [(int(k), float(softmax[i, k])) for k in top]))
         self.seen += len(labels)
 
     def summary(self) -> dict:
@@ -63,7 +65,9 @@ class ClassReport:
             ``accuracy``, ``precision``, ``recall``, ``f1``), ``confusion_matrix`` (K lists of
             K ints, row = true class) and ``misclassified`` (``image``: the file path, or the
             index in evaluation order; ``true``, ``true_name``, ``predicted``,
-            ``predicted_name``, ``probability`` of the prediction), most confident first.
+            ``predicted_name``, ``probability`` of the prediction, ``top3``: the
+            ``TOP_K`` most probable classes as ``class``, ``name``, ``probability``), most
+            confident first.
         """
         correct = np.diag(self.confusion).astype(np.float64)
         images = self.confusion.sum(axis=1)
@@ -80,8 +84,10 @@ class ClassReport:
         mistakes = sorted(self.mistakes, key=lambda m: (-m[0], m[1]))
         misclassified = [{"image": self.images[index][0] if self.images else index,
                           "true": true, "true_name": self.names[true], "predicted": pred,
-                          "predicted_name": self.names[pred], "probability": round(prob, 6)}
-                         for prob, index, true, pred in mistakes]
+                          "predicted_name": self.names[pred], "probability": round(prob, 6),
+                          "top3": [{"class": k, "name": self.names[k], "probability": round(p, 6)}
+                                   for k, p in top]}
+                         for prob, index, true, pred, top in mistakes]
         return {"per_class": per_class, "confusion_matrix": self.confusion.tolist(),
                 "misclassified": misclassified}
 
