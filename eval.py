@@ -211,11 +211,12 @@ def main(argv=None):
 def add_cam_overlays(cfg, misclassified, preprocess):
     """``cam_images``: the Grad-CAM overlays of the first misclassified images in
     output_dir/cam/, their entries given ``cam`` (``src.deploy.gradcam.write_misclassified``);
-    one line says why none are written for an exported graph or the CIFAR-10 binary format."""
+    one line says why none are written (``src.deploy.gradcam.overlay_skip_reason``)."""
     entries = misclassified[:cfg.cam_images]
     if not entries:
         return
-    reason = gradcam.overlay_skip_reason(cfg.checkpoint_path, cfg.dataset)
+    reason = gradcam.overlay_skip_reason(cfg.checkpoint_path, cfg.dataset,
+                                         cfg.eval_image_size)
     if reason:
         print(f"cam_images: no Grad-CAM overlays: {reason}")
         return

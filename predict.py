@@ -104,11 +104,13 @@ def cam_writer(cfg, paths, preprocess):
     Grad-CAM files (``src.deploy.gradcam``) for ``cam_class`` or its top-1 class.
 
     Raises:
-        ConfigError: For an exported graph, a ``cam_class`` out of range, or two images of
-            one name; UserError without matplotlib.
+        ConfigError: For an exported graph, a ``cam_class`` out of range, images of 32 px or
+            less, or two images of one name; UserError without matplotlib.
     """
     gradcam.check_cam_source(cfg.checkpoint_path, "cam_dir")
     gradcam.check_cam_class(cfg.cam_class, cfg.class_num)
+    if gradcam.flat_map_note(cfg.eval_image_size):
+        raise ConfigError(f"cam_dir: {gradcam.flat_map_note(cfg.eval_image_size)}")
     gradcam.colormap()  # matplotlib, before any work
     names = dict(zip(paths, gradcam.cam_names(paths, cfg.image_path)))
     check_output_dir(cfg.cam_dir, key="cam_dir")

@@ -18,6 +18,7 @@ from src.data.settings import EvalPreprocess
 from src.deploy import formats, gradcam
 from src.deploy.gradcam import GradCam, grad_cam, normalize_maps
 from src.deploy.inference import load_network, preprocess_images
+from src.deploy.publish import save_hub_folder, timm_config, torchvision_state
 from src.models.resnet import create_network
 from src.utils.config import ConfigError
 from tests.alignment_utils import max_rel_diff, reference_pair
@@ -111,6 +112,7 @@ def test_cam_file_names_follow_the_sub_folders(tmp_path):
     paths = [os.path.join(root, "a.jpg"), os.path.join(root, "cat", "a.jpg")]
     assert gradcam.cam_names(paths, root) == ["a_cam", os.path.join("cat", "a_cam")]
     assert gradcam.cam_names(paths[:1], paths[0]) == ["a_cam"]
+    assert gradcam.cam_names(["a.jpg"], "a.jpg") == ["a_cam"]  # a file in the working folder
     with pytest.raises(ConfigError, match="a.jpg and .*a.png would both write a_cam.png"):
         gradcam.cam_names(paths[:1] + [os.path.join(root, "a.png")], root)
 
@@ -137,7 +139,8 @@ def direct_maps(ckpt, paths, classes):
 
 @pytest.mark.slow  # whole predict / eval runs (and an ONNX export)
 def test_predict_writes_an_overlay_and_the_map_per_image(tiny, tmp_path):
-    """For the top-1 class printed (cam_class -1), then for a given class: each image's .npy
+    """For the top-1 class printed (cam_class -1), then for a given class from the weights
+    as a SAFETENSORS folder: each image's .npy
     equals the map computed here, its PNG the overlay of it on the image as the network saw
     it; a sub-folder's images under cam_dir/<sub-folder>/."""
     ckpt, data = tiny
@@ -156,9 +159,13 @@ def test_predict_writes_an_overlay_and_the_map_per_image(tiny, tmp_path):
     names = ["0000_cam", "cat/0000_cam", "cat/0001_cam"]
     assert sorted(str(p.relative_to(tmp_path / "cams")) for p in (tmp_path / "cams").rglob("*")
                   ) == sorted(["cat"] + [n + e for n in names for e in (".npy", ".png")])
+    weights = str(tmp_path / "weights")  # the same network as a SAFETENSORS folder
+    save_hub_folder(weights, torchvision_state(load_network("resnet18", 10, ckpt)),
+                    timm_config("resnet18", 10, EvalPreprocess(image_size=SIZE, resize=SIZE)),
+                    "a test folder")
     succeeded(run_in_process(
-        "predict.py", *TINY, "--checkpoint_path", ckpt, "--image_path", paths[0], "--cam_dir",
-        tmp_path / "given", "--cam_class", other[0]))
+        "predict.py", *TINY, "--checkpoint_path", weights, "--image_path", paths[0],
+        "--cam_dir", tmp_path / "given", "--cam_class", other[0]))
     for name, cam_map, image in [(tmp_path / "cams" / n, maps[i], seen[i])
                                  for i, n in enumerate(names)] + [
             (tmp_path / "given" / "0000_cam", maps[3], seen[0])]:
@@ -223,3 +230,21 @@ def test_eval_of_an_exported_graph_skips_the_overlays_in_one_line(tiny, tmp_path
     wrong = json.load(open(tmp_path / "out" / "eval_result.json"))["misclassified"]
     assert wrong and not any("cam" in e for e in wrong)
     assert not (tmp_path / "out" / "cam").exists()
+
+
+def test_predict_refuses_images_whose_layer4_map_is_one_value(tiny, tmp_path):
+    result = run_in_process("predict.py", *TINY, "--eval_image_size", 32, "--checkpoint_path",
+                            tiny[0], "--image_path", SAMPLE + "/cat/0000.jpg", "--cam_dir",
+                            tmp_path / "cams")
+    assert result.returncode == 2
+    assert "cam_dir: at eval_image_size 32 layer4's map is 1x1" in result.stderr
+    assert not (tmp_path / "cams").exists()
+
+
+def test_eval_says_why_it_draws_no_overlays():
+    reason = gradcam.overlay_skip_reason
+    assert reason("m.ckpt", "imagefolder", 33) is None
+    assert reason("hf-hub:org/name", "imagefolder", 224) is None
+    assert "m.mindir is an exported graph" in reason("m.mindir", "imagefolder", 224)
+    assert "dataset cifar10 has no image files" in reason("m.ckpt", "cifar10", 224)
+    assert "eval_image_size 32 layer4's map is 1x1" in reason("m.ckpt", "imagefolder", 32)

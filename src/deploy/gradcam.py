@@ -5,7 +5,7 @@ docs/deployment.md#grad-cam.
 """
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -14,7 +14,7 @@ from mindspore import Tensor, nn, ops
 from src.data.settings import EvalPreprocess
 from src.deploy.formats import SUFFIXES, model_suffix
 from src.deploy.inference import chunks, preprocess_images
-from src.models.resnet import ResNet
+from src.models.resnet import ResNet, last_feature_map_side
 from src.utils.config import ConfigError
 from src.utils.errors import UserError
 from src.utils.files import atomic_write_bytes
@@ -105,9 +105,8 @@ def grad_cam(cam: GradCam, images: np.ndarray, classes: Sequence[int] | np.ndarr
         numpy.ndarray: float32 (N, H, W) in [0, 1] (``normalize_maps``).
     """
     classes = np.asarray(classes, np.int32)
-    maps = [cam(Tensor(part), Tensor(classes[start:start + len(part)]))[0].asnumpy()
-            for start, part in zip(range(0, len(images), batch_size),
-                                   chunks(images, batch_size))]
+    maps = [cam(Tensor(part), Tensor(chosen))[0].asnumpy()
+            for part, chosen in zip(chunks(images, batch_size), chunks(classes, batch_size))]
     return normalize_maps(np.concatenate(maps).astype(np.float32))
 
 
@@ -118,7 +117,7 @@ def seen_images(images: np.ndarray, mean: Sequence[float], std: Sequence[float])
     return np.clip(np.rint(pixels * 255), 0, 255).astype(np.uint8)
 
 
-def colormap():
+def colormap() -> Callable[[np.ndarray], np.ndarray]:
     """matplotlib's ``COLORMAP``: float array -> RGBA in [0, 1].
 
     Raises:
@@ -189,7 +188,7 @@ def cam_names(paths: Sequence[str], image_path: str) -> list[str]:
     Raises:
         ConfigError: If two images would share a name (same stem, other extension).
     """
-    root = image_path if os.path.isdir(image_path) else os.path.dirname(image_path)
+    root = image_path if os.path.isdir(image_path) else os.path.dirname(image_path) or "."
     names, seen = [], {}
     for path in paths:
         name = os.path.splitext(os.path.relpath(path, root))[0] + "_cam"
@@ -201,11 +200,23 @@ def cam_names(paths: Sequence[str], image_path: str) -> list[str]:
     return names
 
 
-def overlay_skip_reason(checkpoint_path: str, dataset: str) -> str | None:
+def flat_map_note(image_size: int) -> str | None:
+    """Why maps of ``image_size`` px images show nothing (None: they can): layer4's map of 1x1,
+    whose Grad-CAM is one value (images of up to 32 px: CIFAR-10's)."""
+    if last_feature_map_side(image_size) > 1:
+        return None
+    return (f"at eval_image_size {image_size} layer4's map is 1x1: its Grad-CAM is one value "
+            f"over the whole image (33 px or more give a 2x2 map)")
+
+
+def overlay_skip_reason(checkpoint_path: str, dataset: str, image_size: int) -> str | None:
     """Why eval.py writes no overlays of its misclassified images (None: it does): an exported
-    graph, images without files (the CIFAR-10 binary format), no matplotlib."""
+    graph, images without files (the CIFAR-10 binary format), ``flat_map_note``, no
+    matplotlib."""
     if is_exported_graph(checkpoint_path):
         return f"{checkpoint_path} is an exported graph (they need the network's weights)"
+    if flat_map_note(image_size):
+        return flat_map_note(image_size)
     if dataset != "imagefolder":
         return f"dataset {dataset} has no image files to draw on"
     try:
