@@ -43,7 +43,8 @@ from src.data.class_names import CIFAR10_CLASSES
 from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, image_folder_files
 from src.data.settings import Sampling
-from src.deploy import formats
+from src.deploy import formats, gradcam
+from src.deploy.inference import load_network
 from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
@@ -190,6 +191,7 @@ def main(argv=None):
     worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
         details["per_class"], key=lambda c: c["accuracy"])[:3])
     check_output_dir(cfg.output_dir)
+    add_cam_overlays(cfg, details["misclassified"], preprocess)
     out = os.path.join(cfg.output_dir, "eval_result.json")
     atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
     print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over {summary['images']} "
@@ -211,6 +213,26 @@ def main(argv=None):
                                 "eval/loss": summary["loss"]})
             tracker.close()
     return 0
+
+
+def add_cam_overlays(cfg, misclassified, preprocess):
+    """``cam_images``: the Grad-CAM overlays of the first misclassified images in
+    output_dir/cam/, their entries given ``cam`` (``src.deploy.gradcam.write_misclassified``);
+    one line says why none are written (``src.deploy.gradcam.overlay_skip_reason``)."""
+    entries = misclassified[:cfg.cam_images]
+    if not entries:
+        return
+    reason = gradcam.overlay_skip_reason(cfg.checkpoint_path, cfg.dataset,
+                                         cfg.eval_image_size)
+    if reason:
+        print(f"cam_images: no Grad-CAM overlays: {reason}")
+        return
+    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, use_ema=cfg.use_ema,
+                       device_target=cfg.device_target, stem_pool_pad_mode=cfg.stem_pool_pad_mode)
+    gradcam.write_misclassified(gradcam.GradCam(net), entries, preprocess=preprocess,
+                                output_dir=cfg.output_dir, batch_size=cfg.batch_size)
+    print(f"Grad-CAM overlays of {len(entries)} misclassified images: "
+          f"{os.path.join(cfg.output_dir, gradcam.CAM_FOLDER)}")
 
 
 def class_report(cfg, indices=None):

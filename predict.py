@@ -34,12 +34,13 @@ import numpy as np
 
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
-from src.deploy import formats, inference
-from src.deploy.inference import chunks, list_images, softmax
+from src.deploy import formats, gradcam, inference
+from src.deploy.inference import chunks, list_images, load_network, softmax
 from src.recipe import resolve_eval_preprocess
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
+from src.utils.files import check_output_dir
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
 
@@ -98,6 +99,37 @@ def top_classes(probs, names, top_k):
             for i in np.argsort(-probs)[:top_k]]
 
 
+def cam_writer(cfg, paths, preprocess):
+    """``cam_dir``: a function of a batch's paths and probabilities that writes each image's
+    Grad-CAM files (``src.deploy.gradcam``) for ``cam_class`` or its top-1 class.
+
+    Raises:
+        ConfigError: For an exported graph, a ``cam_class`` out of range, images of 32 px or
+            less, or two images of one name; UserError without matplotlib.
+    """
+    gradcam.check_cam_source(cfg.checkpoint_path, "cam_dir")
+    gradcam.check_cam_class(cfg.cam_class, cfg.class_num)
+    if gradcam.flat_map_note(cfg.eval_image_size):
+        raise ConfigError(f"cam_dir: {gradcam.flat_map_note(cfg.eval_image_size)}")
+    gradcam.colormap()  # matplotlib, before any work
+    names = dict(zip(paths, gradcam.cam_names(paths, cfg.image_path)))
+    check_output_dir(cfg.cam_dir, key="cam_dir")
+    cam = gradcam.GradCam(load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path,
+                                       use_ema=cfg.use_ema, device_target=cfg.device_target,
+                                       stem_pool_pad_mode=cfg.stem_pool_pad_mode))
+
+    def write(batch, probs):
+        images = inference.preprocess_images(batch, preprocess)
+        classes = probs.argmax(axis=1) if cfg.cam_class < 0 else [cfg.cam_class] * len(batch)
+        maps = gradcam.grad_cam(cam, images, classes, cfg.batch_size)
+        seen = gradcam.seen_images(images, preprocess.mean, preprocess.std)
+        for path, image, cam_map in zip(batch, seen, maps):
+            target = os.path.join(cfg.cam_dir, names[path] + ".png")
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            gradcam.write_cam(target, image, cam_map, raw=True)
+    return write
+
+
 def main(argv=None):
     """Predict as configured by ``argv``; print one JSON line per image; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
@@ -116,6 +148,7 @@ def main(argv=None):
           f"{cfg.checkpoint_path}, runtime "
           f"{formats.model_runtime(cfg.checkpoint_path, cfg.runtime)}",
           file=sys.stderr)  # the header line; stdout holds only the JSON lines
+    write_cams = cam_writer(cfg, paths, preprocess) if cfg.cam_dir else None
     predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
                                      cfg.batch_size, use_ema=cfg.use_ema,
                                      device_target=cfg.device_target,
@@ -130,6 +163,8 @@ def main(argv=None):
             for path, row in zip(batch, probs):
                 progress.write(json.dumps({"image": path,
                                            "top": top_classes(row, names, cfg.top_k)}))
+            if write_cams:
+                write_cams(batch, probs)
             progress.update(len(batch))
     return 0
 

@@ -13,6 +13,7 @@ from src.utils.errors import UserError
 from src.utils.limits import (
     AUG_REPEATS_MAX,
     BATCH_SIZE_MAX,
+    CAM_IMAGES_MAX,
     CLASS_NUM_MAX,
     DEVICE_ID_MAX,
     FLOAT32_MAX,
@@ -39,7 +40,7 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
                 "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm",
-                "linear_probe_epochs", "aug_repeats",
+                "linear_probe_epochs", "aug_repeats", "cam_images",
                 "early_stopping_patience")
 """Keys whose value must be >= 0."""
 UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_prob": "[0, 1]",
@@ -61,10 +62,12 @@ UPPER_BOUNDS = {
     "aug_repeats": (AUG_REPEATS_MAX, "copies of each image drawn; an epoch sees 1/aug_repeats of "
                                      "the images, published recipes use 3 (DeiT) and 4 "
                                      "(torchvision)"),
+    "cam_images": (CAM_IMAGES_MAX, "Grad-CAM pictures written by eval.py"),
 }
 """Key -> (upper bound, why); other ints are at most ``INT32_MAX``, floats ``FLOAT32_MAX``."""
 INT_RANGES = {"trainable_layers": (0, MAX_TRAINABLE_LAYERS,
-                                  f" (0 = only fc, {MAX_TRAINABLE_LAYERS} = every layer)")}
+                                  f" (0 = only fc, {MAX_TRAINABLE_LAYERS} = every layer)"),
+              "cam_class": (-1, CLASS_NUM_MAX - 1, " (-1 = the predicted class)")}
 """Integer keys checked to lie in low..high: key -> (low, high, note for the error)."""
 RECIPE_IGNORED = ("config_path",)
 """Non-config keys a recipe may hold (a run's written config.yaml records ``config_path``)."""

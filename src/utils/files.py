@@ -64,14 +64,19 @@ def atomic_write_text(path: str, text: str) -> None:
     Raises:
         WriteError: Naming ``path`` and the cause; an existing ``path`` is left as it was.
     """
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """``atomic_write_text`` for bytes (a PNG, a ``.npy``)."""
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False,
+        with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
                                          prefix=os.path.basename(path) + ".",
                                          suffix=".tmp") as f:
             tmp = f.name
-            f.write(text)
+            f.write(data)
             f.flush()
             plain_file_mode(f.fileno())
             os.fsync(f.fileno())

@@ -13,3 +13,4 @@ MAX_TRAINABLE_LAYERS = 5  # stages that can train: conv1 (with bn1) and layer1 .
 MAGNITUDE_BINS = 31  # TrivialAugment / RandAugment magnitude bins (torchvision's)
 RANDAUGMENT_MAX_OPS = 3  # its one random choice over op tuples has 28 ** num_ops entries
 RANDAUGMENT_MAX_MAGNITUDE = MAGNITUDE_BINS - 1  # a bin index
+CAM_IMAGES_MAX = 10000  # Grad-CAM overlays eval.py writes (about 0.1 MB each at 224 px)
