@@ -1,0 +1,220 @@
+"""Issue 40's remaining items: an ``lr_end`` above the peak LR refused by name, Pillow's EXIF
+warnings kept out of the output, the epoch's loss record of a run resumed mid-epoch equal to an
+uninterrupted run's, an evaluation failing on one rank agreed over the ranks; and the checks
+that make mutations of the best score, the signal agreement and TensorBoard logging fail."""
+import io
+import logging
+import os
+import signal
+import struct
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from src.training.lr_schedule import create_lr
+from src.utils.config import ConfigError
+from tests.helpers import run_in_process
+
+
+class Params(dict):
+    """Stands in for ``RunContext.original_args()``."""
+    __getattr__ = dict.__getitem__
+
+
+# ---- item 7: lr_end above the peak LR ----
+
+def lr_of(schedule, lr_end, *, base_lr=0.1, global_batch=512):
+    return create_lr(lr_schedule=schedule, base_lr=base_lr, base_lr_batch_size=256,
+                     global_batch_size=global_batch, epoch_size=3, steps_per_epoch=4,
+                     warmup_epochs=1, lr_end=lr_end)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "poly"])
+def test_an_lr_end_above_the_linearly_scaled_peak_is_refused_naming_both(schedule):
+    # base_lr 0.1 at a global batch of 512 peaks at 0.2: an lr_end of 0.15 decays (below the
+    # peak, above base_lr), 0.25 would climb
+    lr, peak = lr_of(schedule, 0.15)
+    assert peak == pytest.approx(0.2) and lr.max() == pytest.approx(0.2)
+    assert np.all(np.diff(lr[4:]) <= 0)  # after warmup: never rising
+    with pytest.raises(ConfigError) as info:
+        lr_of(schedule, 0.25)
+    message = str(info.value)
+    assert message.startswith("lr_end 0.25 is above the peak LR 0.2 (base_lr 0.1 x global "
+                              "batch 512 / base_lr_batch_size 256)"), message
+    assert f"lr_schedule {schedule}" in message and "\n" not in message
+    lr, _ = lr_of(schedule, 0.2)  # a flat schedule at the peak is allowed
+    assert np.allclose(lr[4:], 0.2)
+
+
+def test_the_step_schedule_takes_no_lr_end():
+    lr, peak = lr_of("step", 5.0)
+    assert lr.max() == pytest.approx(peak)
+
+
+def test_train_exits_2_on_an_lr_end_above_the_peak(cifar_small, tmp_path):
+    result = run_in_process("train.py", "--config_path", "configs/quick_start.yaml",
+                            "--data_path", cifar_small["train"], "--output_dir",
+                            tmp_path / "out", "--train_image_size", "32", "--batch_size", "8",
+                            "--epoch_size", "1", "--run_eval", "false",
+                            "--lr_schedule", "poly", "--lr_end", "5.0")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "error: lr_end 5.0 is above the peak LR " in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not [n for n in os.listdir(tmp_path / "out") if n.endswith(".ckpt")]
+
+
+# ---- item 19: Pillow's EXIF warnings ----
+
+def jpeg_with_a_cut_exif_block(orientation=6):
+    """A JPEG whose EXIF block holds an Orientation tag and an ImageDescription pointing past
+    the block's end: Pillow warns ``Tag data larger than file`` when it reads the EXIF."""
+    entries = [struct.pack("<HHII", 0x0112, 3, 1, orientation),
+               struct.pack("<HHII", 0x010E, 2, 100, 2000)]
+    ifd = struct.pack("<H", len(entries)) + b"".join(entries) + struct.pack("<I", 0)
+    exif = b"Exif\x00\x00II*\x00" + struct.pack("<I", 8) + ifd
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 8), (200, 10, 10)).save(buffer, "JPEG", exif=exif)
+    return buffer.getvalue()
+
+
+def test_pillow_warns_on_the_crafted_exif_block():
+    """The file is what it claims: Pillow's own EXIF transpose warns on it."""
+    from PIL import ImageOps
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ImageOps.exif_transpose(Image.open(io.BytesIO(jpeg_with_a_cut_exif_block())))
+    assert any(issubclass(w.category, UserWarning) and "Tag data" in str(w.message)
+               for w in caught)
+
+
+def test_exif_transpose_turns_the_photo_without_pillows_warning():
+    from src.data.transforms import decode_rgb
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=UserWarning)
+        upright = decode_rgb(jpeg_with_a_cut_exif_block(), exif_transpose=True)
+    assert upright.size == (8, 16)  # the Orientation tag is still applied
+
+
+def folder_of_odd_exif(root):
+    for name in ("cat", "dog"):
+        os.makedirs(root / name)
+        (root / name / "odd_exif.jpg").write_bytes(jpeg_with_a_cut_exif_block())
+    return str(root)
+
+
+def test_the_image_check_reads_the_files_without_pillows_warning(tmp_path):
+    from src.data.image_check import check_image_folder
+
+    folder = folder_of_odd_exif(tmp_path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=UserWarning)
+        assert check_image_folder(folder, check_content=True) == ["cat", "dog"]
+
+
+def test_no_raw_pillow_warning_reaches_the_output_of_an_eval_pipeline(tmp_path, capfd):
+    from src.data.pipeline import create_dataset
+    from src.data.settings import EvalPreprocess
+
+    folder_of_odd_exif(tmp_path)
+    dataset = create_dataset(str(tmp_path), batch_size=2,
+                             settings=EvalPreprocess(image_size=8, resize=8,
+                                                     exif_transpose=True),
+                             num_parallel_workers=1, check_images=False)
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:  # the pipeline's threads' too
+        warnings.simplefilter("always")
+        batches = list(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
+    assert batches[0][0].shape == (2, 3, 8, 8)
+    assert not [w for w in caught if issubclass(w.category, UserWarning)
+                and "Tag data" in str(w.message)]
+    output = capfd.readouterr()
+    assert "UserWarning" not in output.err + output.out, output.err[-2000:]
+
+
+# ---- mutations: the best score, the signal agreement, TensorBoard ----
+
+def test_an_evaluation_at_0_percent_still_writes_a_best_checkpoint(tmp_path):
+    from mindspore import nn
+
+    from src.training.best import BestCheckpoint
+
+    best = BestCheckpoint(str(tmp_path / "net-best.ckpt"))
+    assert best.update({"top1": 0.0}, 1, nn.Dense(2, 2))
+    assert (tmp_path / "net-best.ckpt").exists() and best.score() == {"top1": 0.0, "epoch": 1}
+    assert not best.update({"top1": 0.0}, 2, nn.Dense(2, 2))  # a tie is not a new best
+
+
+def test_each_rank_exits_with_its_own_signal():
+    """SIGTERM on rank 0 and SIGINT on rank 1 in the same step: both stop, rank 1 with its own
+    signal (exit 130), not rank 0's."""
+    from mindspore.train import RunContext
+
+    from src.training.signals import StopSignals
+
+    rank1 = StopSignals(logging.getLogger("test"),
+                        gather=lambda mine: [int(signal.SIGTERM), mine])
+    try:
+        rank1._handle(signal.SIGINT, None)
+        context = RunContext(Params())
+        rank1.on_train_step_end(context)
+    finally:
+        rank1.restore()
+    assert context.get_stop_requested()
+    assert rank1.received == "SIGINT" and 128 + rank1.signum == 130
+
+
+def test_the_lowest_failed_rank_is_named(caplog):
+    from mindspore.train import RunContext
+
+    from src.training.callbacks import NONFINITE_LOSS, NOT_WRITTEN, StepState
+    from src.training.signals import StopSignals
+
+    unit = StopSignals.REASON_UNIT
+    stop = StopSignals(logging.getLogger("test"),
+                       gather=lambda mine: [mine, unit * NOT_WRITTEN, unit * NONFINITE_LOSS])
+    state = StepState(start_step=7)
+    stop.watch(state)
+    context = RunContext(Params())
+    with caplog.at_level(logging.ERROR):
+        stop.agree_failures(context)
+    assert state.stopped_by == (1, NOT_WRITTEN, 7) and context.get_stop_requested()
+    assert "rank 1 stopped (a file not written" in caplog.text
+    assert "rank 2 stopped (non-finite loss)" in caplog.text
+
+
+def test_none_scalars_are_skipped(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from src.utils.tracking import TensorBoardLog
+
+    log = TensorBoardLog(str(tmp_path / "tb"))
+    log.scalars(3, {"eval/top1": 0.5, "epoch/train_loss": None})
+    log.close()
+    assert not log.failed
+    reader = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    reader.Reload()
+    assert reader.Tags()["scalars"] == ["eval/top1"]
+    assert [(e.step, e.value) for e in reader.Scalars("eval/top1")] == [(3, 0.5)]
+
+
+def test_a_failing_picture_is_not_drawn_again(tmp_path, caplog):
+    from src.utils.tracking import TensorBoardLog
+
+    log = TensorBoardLog(str(tmp_path / "tb"), logger=logging.getLogger("test"))
+    calls = []
+
+    def draw(path):
+        calls.append(path)
+        raise OSError("no fonts")
+
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2, 3):
+            log.drawn_image("eval/confusion_matrix", step, draw)
+            log.scalars(step, {"eval/top1": 0.1 * step})
+    log.close()
+    assert len(calls) == 1 and log.drawing_failed and not log.failed
+    assert caplog.text.count("no eval/confusion_matrix picture (no fonts)") == 1
