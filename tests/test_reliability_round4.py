@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import struct
+import threading
 import warnings
 
 import numpy as np
@@ -218,3 +219,85 @@ def test_a_failing_picture_is_not_drawn_again(tmp_path, caplog):
     log.close()
     assert len(calls) == 1 and log.drawing_failed and not log.failed
     assert caplog.text.count("no eval/confusion_matrix picture (no fonts)") == 1
+
+
+# ---- item 21b: an evaluation failing on one rank ----
+
+class Ranks:
+    """Collectives between threads standing for ranks: an all-gather and a sum; a rank
+    missing from one breaks it (``BrokenBarrierError``) instead of waiting for ever."""
+
+    def __init__(self, count):
+        self.barrier = threading.Barrier(count, timeout=20)
+        self.values = [None] * count
+
+    def gather(self, rank, value):
+        self.barrier.wait()
+        self.values[rank] = value
+        self.barrier.wait()
+        result = list(self.values)
+        self.barrier.wait()
+        return result
+
+
+def evaluate_on_ranks(counts):
+    """An ``Evaluator`` per rank whose ``count`` returns ``counts[r]`` or raises it, its
+    collectives between threads; returns what each rank's evaluation returned or raised."""
+    from src.training.evaluator import EvalCounts, EvalShard, Evaluator
+
+    group = Ranks(len(counts))
+    outcomes = [None] * len(counts)
+
+    def rank_main(rank):
+        def sum_ints(values):
+            return [sum(column) for column in zip(*group.gather(rank, list(values)))]
+
+        def sum_arrays(array):
+            return np.sum(group.gather(rank, np.asarray(array)), axis=0)
+
+        def count(model, confusion=False):
+            if isinstance(counts[rank], Exception):
+                raise counts[rank]
+            return EvalCounts(*counts[rank])
+
+        shard = EvalShard(None, sum_over_ranks=sum_ints, sum_arrays=sum_arrays,
+                          gather=lambda value: group.gather(rank, value))
+        evaluator = Evaluator(None, shard, None)
+        evaluator.count = count
+        try:
+            outcomes[rank] = evaluator()
+        except Exception as err:  # noqa: BLE001  the outcome checked
+            outcomes[rank] = err
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(counts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a rank waits in a collective"
+    return outcomes
+
+
+def test_an_evaluation_failing_on_some_ranks_stops_every_rank_naming_the_lowest():
+    from src.data.image_check import ImageFolderError
+    from src.training.evaluator import EvalFailedOnRank
+
+    undecodable = RuntimeError("Exception thrown from dataset pipeline. Refer to 'Dataset "
+                               "Pipeline Error Message'. The corresponding data file is: "
+                               "/data/val/cat/cut.jpg.")  # MindSpore's words
+    other = MemoryError("out of memory")
+    outcomes = evaluate_on_ranks([(3, 5, 6, 1.5), undecodable, other, (2, 4, 6, 1.0)])
+    for rank in (0, 3):  # not waiting in the sum of the counts
+        assert isinstance(outcomes[rank], EvalFailedOnRank), outcomes[rank]
+        assert str(outcomes[rank]).startswith("evaluation failed on rank 1 (failed ranks: 1, 2;")
+        assert outcomes[rank].exit_status == 2  # rank 1's, an ImageFolderError's
+    assert isinstance(outcomes[1], ImageFolderError), outcomes[1]  # its own, named
+    assert "cut.jpg" in str(outcomes[1])
+    assert outcomes[2] is other
+
+
+def test_an_evaluation_without_failures_is_summed_over_the_ranks():
+    outcomes = evaluate_on_ranks([(3, 5, 6, 1.5), (2, 4, 6, 1.5)])
+    for result in outcomes:
+        assert result == {"top1": 5 / 12, "top5": 9 / 12, "eval_loss": 3.0 / 12,
+                          "eval_images": 12}
