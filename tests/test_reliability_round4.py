@@ -301,3 +301,52 @@ def test_an_evaluation_without_failures_is_summed_over_the_ranks():
     for result in outcomes:
         assert result == {"top1": 5 / 12, "top5": 9 / 12, "eval_loss": 3.0 / 12,
                           "eval_images": 12}
+
+
+# ---- item 21a: the epoch's loss record of a run resumed mid-epoch ----
+
+def monitored_records(tmp_path, losses, *, start_step=0, resumed=None, stop_at=None):
+    """A ``TrainMonitor`` (4 steps per epoch) fed ``losses`` from ``start_step`` on, a run
+    resumed with ``resumed`` (a checkpoint's ``epoch_loss``); returns the records and, at
+    ``stop_at``, what a checkpoint there stores (``epoch_loss``, through JSON)."""
+    import json
+
+    from mindspore.train import RunContext
+
+    from src.training.callbacks import StepState, TrainMonitor
+
+    tmp_path.mkdir()
+    path = tmp_path / "metrics.jsonl"
+    state = StepState(start_step)
+    monitor = TrainMonitor(state, lr=np.full(8, 0.1, np.float32), global_batch_size=8,
+                           steps_per_epoch=4, log_interval=100, metrics_path=str(path),
+                           logger=logging.getLogger("test"))
+    monitor.resumed_loss = resumed
+    context, stored = RunContext(Params()), None
+    monitor.on_train_begin(context)
+    monitor.on_train_epoch_begin(context)
+    for loss in losses:
+        state.global_step += 1
+        state.status, state.loss = "ok", loss
+        monitor.on_train_step_end(context)
+        if state.global_step == stop_at:
+            stored = json.loads(json.dumps(monitor.epoch_loss()))
+            break
+        if state.global_step % 4 == 0:
+            monitor.on_train_epoch_end(context)
+            monitor.on_train_epoch_begin(context)
+    records = [json.loads(line) for line in open(path)] if path.exists() else []
+    return records, stored
+
+
+def test_a_run_resumed_mid_epoch_records_the_mean_loss_of_the_whole_epoch(tmp_path):
+    losses = [2.3, 2.1, 1.9, 1.7, 0.1, 0.7, 1e-3, 0.30000000000000004]
+    whole, _ = monitored_records(tmp_path / "whole", losses)
+    first, stored = monitored_records(tmp_path / "first", losses, stop_at=6)
+    assert stored == {"sum": 0.1 + 0.7, "count": 2}
+    rest, _ = monitored_records(tmp_path / "rest", losses[6:], start_step=6, resumed=stored)
+    assert [r["loss"] for r in first + rest] == [r["loss"] for r in whole]  # exactly
+    assert rest[0]["loss"] != sum(losses[6:]) / 2  # not the steps after the resume alone
+    # an older checkpoint without the sum: the steps after the resume, as before
+    older, _ = monitored_records(tmp_path / "older", losses[6:], start_step=6)
+    assert older[0]["loss"] == sum(losses[6:]) / 2
