@@ -314,7 +314,8 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
                             own_files=prunable, write=is_main,
                             best=with_early_stop(best.score, patience)
                             if best is not None else None,
-                            train_data=json.dumps(run.data))
+                            train_data=json.dumps(run.data), epoch_loss=monitor.epoch_loss)
+    monitor.resumed_loss = run.epoch_loss  # the epoch's losses before a mid-epoch resume
     profile = parse_profile_steps(cfg.profile_steps)
     profiler = ProfileSteps(state, *profile, output_dir=os.path.join(cfg.output_dir, "profiler"),
                             logger=log, total_steps=len(lr)) if profile else None

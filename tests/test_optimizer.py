@@ -477,6 +477,18 @@ def test_lars_zero_weight_norm_takes_the_full_step():
                                rtol=1e-6)
 
 
+def test_lars_accepts_momentum_0_and_takes_the_plain_trust_ratio_step():
+    """momentum 0 (no buffer carried over) is a valid LARS: each step is the reference's."""
+    init = initial_values()
+    grads = gradient_steps(init, steps=2)
+    ours = ms_run(init, grads, LRS[:2], "pynative", optimizer="lars", weight_decay=WD,
+                  **dict(LARS_HYPER, momentum=0.0))
+    d = distances("lars/momentum 0", ours,
+                  reference=lars_reference(init, grads, LRS[:2], **lars_hyper(momentum=0.0)),
+                  with_momentum=lars_reference(init, grads, LRS[:2], **lars_hyper()))
+    assert d["reference"] < TOL and d["with_momentum"] > 1e-4
+
+
 def test_lars_buffer_names_are_checkpoint_optimizer_state():
     from src.utils.checkpoint import TRAINING_STATE_PREFIXES
     optimizer = create_optimizer(LinearLossNet(initial_values()), 0.1, optimizer="lars")

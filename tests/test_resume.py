@@ -160,6 +160,22 @@ def test_sigkill_sigterm_and_sigint_each_resume_exactly(uninterrupted, interrupt
     assert [r["epoch"] for r in records] == [1, 2, 3]  # exactly one record per epoch
 
 
+@pytest.mark.slow
+def test_the_epoch_records_of_the_resumed_run_equal_the_uninterrupted_ones(full_run,
+                                                                         interrupted_run):
+    """The run stopped three times resumes mid-epoch at least once; each epoch's loss in
+    metrics.jsonl is still the mean over all its steps, equal to the uninterrupted run's (the
+    checkpoints store the epoch's running sum and count of losses)."""
+    resumed_at = [int(stage["stdout"].split(" steps done")[0].split()[-1])
+                  for stage in interrupted_run["stops"] + [interrupted_run["final"]]]
+    assert any(step % STEPS_PER_EPOCH for step in resumed_at), resumed_at
+
+    def losses(out):
+        return [(r["epoch"], r["loss"]) for r in map(json.loads, open(
+            os.path.join(out, "metrics.jsonl"), encoding="utf-8"))]
+    assert losses(interrupted_run["out"]) == losses(full_run)
+
+
 def stopped_by_signal(stage, resumed_at):
     """Checks of a run of ``interrupted_run`` stopped by a signal (resumed at step
     ``resumed_at``): it says so, exits 128 + the signal, tells how to resume, saved the step

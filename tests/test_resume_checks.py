@@ -59,7 +59,7 @@ def test_resume_returns_the_stored_best_score(tmp_path):
     path = str(tmp_path / "net-2_10.ckpt")
     atomic_save_checkpoint(params, path, {STEP_KEY: 20, CONFIG_KEY: json.dumps(stored),
                                           BEST_KEY: json.dumps({"top1": 0.51, "epoch": 2})})
-    steps, _, best = restore_training_state(AdamWCell(), path, stored)
+    steps, _, best, _ = restore_training_state(AdamWCell(), path, stored)
     assert steps == 20 and best == {"top1": 0.51, "epoch": 2}
 
 

@@ -27,6 +27,9 @@ from tests.helpers import CIFAR_SAMPLE, copy_class_folders, run_entry
     ("base_lr", "1e39", "base_lr must be at most 3.4028234663852886e+38 in magnitude"),
     ("lr_decay_epochs", "30,99999999999", "lr_decay_epochs must hold integers of at most "
                                           "2147483647"),
+    ("aug_repeats", "65", "aug_repeats must be at most 64 (copies of each image drawn"),
+    # timm's fractional repeats (RepeatAugSampler's num_repeats 1.5) are not supported
+    ("aug_repeats", "1.5", "command line: key 'aug_repeats' expects an integer, got '1.5'"),
 ])
 def test_values_above_their_bound_are_refused_naming_the_key(key, value, message):
     with pytest.raises(ConfigError) as info:
@@ -39,8 +42,9 @@ def test_the_bounds_themselves_are_accepted():
     cfg = parse_config(["--epoch_size", "2147483647", "--seed", "4294967295",
                         "--device_id", "4095", "--batch_size", "65536",
                         "--train_image_size", "4096", "--eval_image_size", "4096",
-                        "--eval_resize", "4096", "--class_num", "1048576", "--seed", "0"])
-    assert cfg.epoch_size == 2 ** 31 - 1 and cfg.seed == 0
+                        "--eval_resize", "4096", "--class_num", "1048576", "--seed", "0",
+                        "--aug_repeats", "64"])
+    assert cfg.epoch_size == 2 ** 31 - 1 and cfg.seed == 0 and cfg.aug_repeats == 64
     ms.set_seed(4294967295)  # the top of the range is MindSpore's too
     ms.set_seed(1)
 

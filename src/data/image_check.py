@@ -41,6 +41,16 @@ def set_max_image_pixels(limit: int) -> None:
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
+@contextlib.contextmanager
+def pillow_notes_silenced() -> Iterator[None]:
+    """Keep Pillow's ``UserWarning`` notes on odd metadata (an EXIF block cut short, a tag
+    pointing past the file's end) out of the output: Pillow skips what it cannot read and the
+    pixels decode as before (docs/data.md#exif-orientation-exif_transpose). A decorator too."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+        yield
+
+
 def too_many_pixels(image: Image.Image) -> str | None:
     """``"W x H"`` of an opened (lazy) Pillow image above the limit, else None."""
     width, height = image.size
@@ -48,6 +58,7 @@ def too_many_pixels(image: Image.Image) -> str | None:
     return f"{width} x {height}" if limit and width * height > limit else None
 
 
+@pillow_notes_silenced()
 def oversized(path: str) -> str | None:
     """``"W x H"`` if the image has more pixels than the limit, else None (also for files
     Pillow cannot open); reads the header only."""
@@ -239,6 +250,7 @@ def decoder_safe(path: str) -> bool:
 DECODER_FORMATS = ("JPEG", "MPO", "PNG", "BMP", "TIFF", "PPM")
 
 
+@pillow_notes_silenced()
 def decodes(path: str) -> bool:
     """Whether the file is in ``DECODER_FORMATS`` and Pillow verifies and fully decodes it."""
     try:

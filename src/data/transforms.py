@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from src.data.augment import RandomErasing, auto_augment_ops
-from src.data.image_check import MAX_PIXELS_WORDS, too_many_pixels
+from src.data.image_check import MAX_PIXELS_WORDS, pillow_notes_silenced, too_many_pixels
 from src.data.settings import EvalPreprocess, TrainAugment
 from src.utils import image_constants
 
@@ -22,6 +22,7 @@ EVAL_INTERPOLATIONS = {name: vision.Inter[name.upper()]
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # Pillow's 16-bit greyscale
 
 
+@pillow_notes_silenced()
 def decode_rgb(data: np.ndarray | bytes, exif_transpose: bool = False) -> Image.Image:
     """Encoded image bytes -> an 8-bit RGB Pillow image: Pillow's decode, 16-bit greyscale by
     each pixel's high byte as the training decoder (docs/data.md#preprocessing);

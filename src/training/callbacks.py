@@ -276,6 +276,8 @@ class TrainMonitor(Callback):
         self.epoch_losses = []
         self.epoch_steps = self.window_steps = 0
         self.error = None
+        self.epoch_loss_before = (0.0, 0)  # (sum, count) of the epoch's losses before a resume
+        self.resumed_loss = None  # a resumed checkpoint's, taken at the first epoch begin
 
     def on_train_begin(self, run_context: RunContext) -> None:
         self.train_start = self.train_start or time.time()
@@ -286,6 +288,17 @@ class TrainMonitor(Callback):
             self.epoch_start = self.window_start = time.time()
             self.epoch_losses = []
             self.epoch_steps = self.window_steps = 0
+            stored = self.resumed_loss if self.state.global_step % self.steps_per_epoch else None
+            self.epoch_loss_before = (stored["sum"], stored["count"]) if stored else (0.0, 0)
+            self.resumed_loss = None
+
+    def epoch_loss(self) -> dict:
+        """The losses of this epoch so far (``{"sum": float, "count": int}``, summed in step
+        order), stored in the checkpoints so a run resumed mid-epoch records the mean of the
+        whole epoch (``resumed_loss``)."""
+        total, count = self.epoch_loss_before
+        return {"sum": float(sum(self.epoch_losses, total)),
+                "count": count + len(self.epoch_losses)}
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         state = self.state
@@ -331,9 +344,9 @@ class TrainMonitor(Callback):
             return  # mid-epoch (a sink call, a signal, a stop): no epoch record, no eval
         seconds = time.time() - self.epoch_start
         epoch = step // self.steps_per_epoch
+        losses = self.epoch_loss()
         record = {"epoch": epoch, "step": step,
-                  "loss": float(sum(self.epoch_losses) / len(self.epoch_losses))
-                  if self.epoch_losses else None,
+                  "loss": losses["sum"] / losses["count"] if losses["count"] else None,
                   "lr": float(self.lr[step - 1]), "time_s": round(seconds, 3),
                   "img_per_s": round(self.epoch_steps * self.global_batch_size
                                      / max(seconds, 1e-9), 2),

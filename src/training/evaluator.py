@@ -11,10 +11,17 @@ import mindspore.nn as nn
 import numpy as np
 from mindspore.train import Callback, Model, RunContext
 
+from src.data.image_check import readable_pipeline_errors
 from src.data.pipeline import count_images, create_dataset
 from src.data.settings import Sampling
 from src.training.train_step import WeightEma
-from src.utils.device import broadcast_from_rank0, sum_ints_over_ranks, sum_over_ranks
+from src.utils.device import (
+    all_gather_int,
+    broadcast_from_rank0,
+    sum_ints_over_ranks,
+    sum_over_ranks,
+)
+from src.utils.errors import UserError
 
 
 class EvalShard(NamedTuple):
@@ -22,13 +29,23 @@ class EvalShard(NamedTuple):
     ``label`` int32 (N,), N per device), ``image_count`` (its own rows first; the rest is the
     sampler's padding; None = all count) and the collectives that combine the shards
     (``src.utils.device``'s ``sum_ints_over_ranks``, ``broadcast_from_rank0``,
-    ``sum_over_ranks``; None in one process)."""
+    ``sum_over_ranks``, ``all_gather_int`` for the failures; None in one process)."""
 
     dataset: object
     image_count: int | None = None
     sum_over_ranks: Callable | None = None
     broadcast: Callable | None = None
     sum_arrays: Callable | None = None
+    gather: Callable | None = None
+
+
+class EvalFailedOnRank(UserError):
+    """The evaluation failed on another rank of data parallel (that rank's log names the
+    error); ``exit_status`` is that rank's."""
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def shard_rows(total: int, num_shards: int, shard_id: int) -> tuple[int, int]:
@@ -62,7 +79,8 @@ def eval_shard(data_path: str, data_args: dict, num_shards: int | None = None,
         raise RuntimeError(f"eval shard {shard_id} of {num_shards} over {total} images has "
                            f"{dataset.get_dataset_size()} batches, expected {batches} "
                            f"({rows} rows): the sampler's sharding changed")
-    return EvalShard(dataset, images, sum_ints_over_ranks, broadcast_from_rank0, sum_over_ranks)
+    return EvalShard(dataset, images, sum_ints_over_ranks, broadcast_from_rank0, sum_over_ranks,
+                     all_gather_int)
 
 
 class EvalCounts(NamedTuple):
@@ -143,6 +161,29 @@ class Evaluator:
         model.eval(self.shard.dataset, callbacks=[counter], dataset_sink_mode=False)
         return counter.counts()
 
+    def agreed_count(self, model: Model, confusion: bool = False) -> EvalCounts:
+        """``count``, its failure agreed over the ranks (one exchange): an exception on any
+        rank raises on every rank, so none waits alone in the next collective; a failed rank
+        raises its own (an undecodable image as ``ImageFolderError``), the others
+        ``EvalFailedOnRank`` naming the lowest failed rank (docs/reliability.md)."""
+        error, counts = None, None
+        try:
+            with readable_pipeline_errors():
+                counts = self.count(model, confusion)
+        except Exception as err:  # noqa: BLE001  re-raised below, after the exchange
+            error = err
+        if self.shard.gather is not None:
+            status = getattr(error, "exit_status", 1) if error is not None else 0
+            failed = [(rank, s) for rank, s in enumerate(self.shard.gather(status)) if s]
+            if failed and error is None:
+                raise EvalFailedOnRank(
+                    f"evaluation failed on rank {failed[0][0]} (failed ranks: "
+                    f"{', '.join(str(rank) for rank, _ in failed)}; the lowest one's log names "
+                    f"the error): every rank stops", failed[0][1])
+        if error is not None:
+            raise error
+        return counts
+
     def combine(self, runs: list[EvalCounts]) -> list[EvalCounts]:
         """``runs`` (this shard's ``EvalCounts``, one per network) summed over the ranks:
         counts exactly, loss sums and confusion matrices in one float32 all-reduce (exact
@@ -188,7 +229,7 @@ class Evaluator:
         ``confusion_of`` also sets ``confusion``."""
         changed = self.rank0_statistics(self.net)
         try:
-            runs = [self.count(self.model, self.confusion_of == "top1")]
+            runs = [self.agreed_count(self.model, self.confusion_of == "top1")]
         finally:
             for param, value in changed:
                 param.set_data(ms.Tensor(value))
@@ -197,7 +238,7 @@ class Evaluator:
             for param in self.ema_model.predict_network.get_parameters():
                 param.set_data(averages[param.name].value())
             self.rank0_statistics(self.ema_model.predict_network)
-            runs.append(self.count(self.ema_model, self.confusion_of == "ema_top1"))
+            runs.append(self.agreed_count(self.ema_model, self.confusion_of == "ema_top1"))
         runs = self.combine(runs)
         live, images = runs[0], runs[0].images
         result = {"top1": live.top1 / images, "top5": live.topk / images,

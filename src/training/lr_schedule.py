@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from src.utils.config import ConfigError
+
 
 def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int = 256) -> float:
     """Linear scaling rule (Goyal et al. 2017): ``base_lr * global_batch_size /
@@ -89,10 +91,17 @@ def create_lr(*, lr_schedule: str, base_lr: float, base_lr_batch_size: int,
 
     Raises:
         KeyError: If ``lr_schedule`` is unknown (lists the valid names).
+        ConfigError: If ``lr_end`` is above the peak of a schedule that decays to it.
     """
     if lr_schedule not in SCHEDULES:
         raise KeyError(f"unknown lr_schedule {lr_schedule!r}; valid: {', '.join(SCHEDULES)}")
     peak = scale_lr(base_lr, global_batch_size, base_lr_batch_size)
+    if lr_end > peak and lr_schedule in TO_LR_END:
+        raise ConfigError(f"lr_end {lr_end} is above the peak LR {peak:g} (base_lr {base_lr} x "
+                          f"global batch {global_batch_size} / base_lr_batch_size "
+                          f"{base_lr_batch_size}): lr_schedule {lr_schedule} would make the LR "
+                          f"climb to lr_end instead of decaying; use an lr_end of at most "
+                          f"{peak:g}")
     total = epoch_size * steps_per_epoch
     warmup = min(warmup_epochs * steps_per_epoch, total)
     options = {"step": {"steps_per_epoch": steps_per_epoch, "decay_epochs": lr_decay_epochs,
@@ -106,6 +115,9 @@ LR_KEYS = ("lr_schedule", "base_lr", "base_lr_batch_size", "epoch_size", "warmup
            "lr_end", "lr_decay_epochs", "lr_decay_factor", "lr_poly_power")
 """Config keys that define the LR recipe (``create_lr``'s arguments besides the batch and
 the steps per epoch)."""
+
+TO_LR_END = ("cosine", "linear", "poly")
+"""The schedules that decay towards ``lr_end``."""
 
 SCHEDULES = {"cosine": warmup_cosine_lr, "linear": warmup_linear_lr, "step": warmup_step_lr,
              "poly": warmup_poly_lr}

@@ -33,6 +33,7 @@ from src.utils.checkpoint import (
     stored_best,
     stored_config,
     stored_data,
+    stored_epoch_loss,
     stored_step,
 )
 from src.utils.config import ConfigError
@@ -154,13 +155,15 @@ def check_same_data(path: str, stored: dict | None, current: dict[str, int | Non
 
 def restore_training_state(
         train_network: nn.Cell, path: str, current: dict | None = None,
-        data: dict[str, int | None] | None = None) -> tuple[int, dict | None, dict | None]:
+        data: dict[str, int | None] | None = None
+) -> tuple[int, dict | None, dict | None, dict | None]:
     """Load the network and optimizer state of checkpoint ``path`` into
     ``train_network`` (``Model.train_network``), after checking ``current`` (the run's config;
     None skips, ``--resume_ignore_config``) and ``data`` against the stored ones.
 
     Returns:
-        tuple: (steps done, the stored run config, the stored best score or None).
+        tuple: (steps done, the stored run config, the stored best score or None, the sum and
+        count of the epoch's losses so far or None).
 
     Raises:
         MissingFileError: If the file does not exist.
@@ -186,6 +189,7 @@ def restore_training_state(
         raise CheckpointError(f"checkpoint {path} does not fit this run: missing {missing[:5]}"
                               f"{hint}, shape mismatch {mismatched[:5]}")
     steps_done, config, best = stored_step(params), stored_config(params), stored_best(params)
+    epoch_loss = stored_epoch_loss(params)
     for name in [n for n in params if n.startswith(NOT_RESTORED)]:
         params.pop(name)  # also the LR arrays of parameter groups (learning_rate_group_*)
     for p in train_network.get_parameters():  # never saved: a resumed run starts them at 0
@@ -193,7 +197,7 @@ def restore_training_state(
             params[p.name] = ms.Parameter(ms.Tensor(np.zeros(p.shape, ms.dtype_to_nptype(
                 p.dtype))), name=p.name)
     ms.load_param_into_net(train_network, params, strict_load=False)
-    return steps_done, config, best
+    return steps_done, config, best, epoch_loss
 
 
 def agree_across_ranks(local_path: str, output_dir: str, prefix: str, *, steps_per_epoch: int,
@@ -318,6 +322,7 @@ class ResumedRun:
     data: dict
     continues_here: bool
     later_files: list[str]
+    epoch_loss: dict | None = None  # the resumed epoch's losses so far (TrainMonitor)
 
 
 def resume_run(train_network: nn.Cell, *, resume_ckpt: str, output_dir: str, prefix: str,
@@ -334,12 +339,12 @@ def resume_run(train_network: nn.Cell, *, resume_ckpt: str, output_dir: str, pre
             without ``overwrite``.
     """
     data = {"images": train_images, "steps_per_epoch": steps_per_epoch}
-    start_step, best, folder_score, later = 0, None, None, []
+    start_step, best, folder_score, later, epoch_loss = 0, None, None, [], None
     resume_path = resume_checkpoint_path(
         train_network, resume_ckpt=resume_ckpt, output_dir=output_dir, prefix=prefix,
         steps_per_epoch=steps_per_epoch, device_num=device_num, log=log)
     if resume_path:
-        start_step, _, best = restore_training_state(
+        start_step, _, best, epoch_loss = restore_training_state(
             train_network, resume_path, run_config if check_recipe else None,
             None if train_images is None else data)
         if start_step >= total_steps:
@@ -356,7 +361,7 @@ def resume_run(train_network: nn.Cell, *, resume_ckpt: str, output_dir: str, pre
             folder_score = folder_best(best_path)
     return ResumedRun(resume_path=resume_path, start_step=start_step, best=best,
                       folder_best=folder_score, config=run_config, data=data,
-                      continues_here=continues_here, later_files=later)
+                      continues_here=continues_here, later_files=later, epoch_loss=epoch_loss)
 
 
 def resume_checkpoint_path(train_network: nn.Cell, *, resume_ckpt: str, output_dir: str,

@@ -14,6 +14,7 @@ from src.utils.checkpoint import (
     BEST_KEY,
     CONFIG_KEY,
     DATA_KEY,
+    EPOCH_LOSS_KEY,
     STEP_KEY,
     atomic_save_checkpoint,
     checkpoint_name,
@@ -36,7 +37,8 @@ class CheckpointSaver(Callback):
                  steps_per_epoch: int, total_steps: int, run_config: str = "{}",
                  save_epochs: int = 1, save_steps: int = 0, keep_max: int = 10,
                  own_files: Sequence[str] = (), write: bool = True,
-                 best: Callable[[], dict | None] | None = None, train_data: str = ""):
+                 best: Callable[[], dict | None] | None = None, train_data: str = "",
+                 epoch_loss: Callable[[], dict] | None = None):
         super().__init__()
         self.state, self.stop = state, stop
         self.output_dir, self.prefix = output_dir, prefix
@@ -47,6 +49,7 @@ class CheckpointSaver(Callback):
         self.write = write
         self.best = best
         self.train_data = train_data
+        self.epoch_loss = epoch_loss  # the epoch's losses so far (TrainMonitor.epoch_loss)
         self.step_save_due = False  # a save_steps multiple reached at an epoch's last step
         self.error = None
         self.diverged = False  # the failure was non-finite parameters (not a write error)
@@ -104,7 +107,9 @@ class CheckpointSaver(Callback):
             atomic_save_checkpoint(train_network, path,
                                    {STEP_KEY: step, CONFIG_KEY: self.run_config,
                                     BEST_KEY: json.dumps(best) if best else "",
-                                    DATA_KEY: self.train_data})
+                                    DATA_KEY: self.train_data,
+                                    EPOCH_LOSS_KEY: json.dumps(self.epoch_loss())
+                                    if self.epoch_loss else ""})
         except (OSError, RuntimeError) as err:
             self._fail(run_context, NOT_WRITTEN,
                        f"cannot write checkpoint {path}: {str(err).splitlines()[0]}")

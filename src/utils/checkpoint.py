@@ -32,7 +32,9 @@ STEP_KEY = "train_step"
 CONFIG_KEY = "run_config"
 BEST_KEY = "best_score"  # the run's best evaluation so far, JSON {"top1": float, "epoch": int}
 DATA_KEY = "train_data"  # the data trained on, JSON {"images": int, "steps_per_epoch": int}
-METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY)
+# the losses of the epoch so far (its record's mean), JSON {"sum": float, "count": int}
+EPOCH_LOSS_KEY = "epoch_loss"
+METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY, EPOCH_LOSS_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
 OVERFLOW_COUNTER = "overflow_count"  # overflowed steps, counted by TrainStep on the device
 # A network's count of training calls, which its stochastic depth draws hash
@@ -232,6 +234,13 @@ def stored_data(params: dict[str, Any]) -> dict[str, int] | None:
     """The training data stored in a checkpoint, ``{"images": int, "steps_per_epoch": int}``
     (after ``val_split``; optimizer steps per epoch per device), or None."""
     text = params.get(DATA_KEY)
+    return json.loads(text) if isinstance(text, str) and text else None
+
+
+def stored_epoch_loss(params: dict[str, Any]) -> dict[str, float] | None:
+    """The sum and count of the epoch's losses up to a training checkpoint's step, ``{"sum":
+    float, "count": int}``, or None (older files)."""
+    text = params.get(EPOCH_LOSS_KEY)
     return json.loads(text) if isinstance(text, str) and text else None
 
 
