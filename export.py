@@ -101,7 +101,8 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=Fal
 
 def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
     """Export to a temporary name in the target folder, load the result back
-    (``src.deploy.formats.check_exported``), then rename it over ``file_name`` + suffix: on
+    (``src.deploy.formats.check_exported``), record ``tta`` in it (``record_metadata``),
+    then rename it over ``file_name`` + suffix: on
     any failure the earlier file of that name is left as it was. With ``calibration`` (image
     paths) the export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
 
@@ -124,9 +125,10 @@ def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
                 formats.export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
         except OSError as err:
             raise WriteError(f"cannot export {final}: {err}") from err
-        formats.record_metadata(partial + suffix, cfg.file_format, {formats.TTA_KEY: cfg.tta})
         formats.check_exported(partial + suffix, cfg.file_format, cfg.dynamic_batch)
         try:
+            formats.record_metadata(partial + suffix, cfg.file_format,
+                                    {formats.TTA_KEY: cfg.tta})  # what eval.py reads back
             os.replace(partial + suffix, final)
         except OSError as err:
             raise WriteError(f"cannot write {final}: {err.strerror or err}") from err
