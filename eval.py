@@ -49,7 +49,8 @@ from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
-from src.recipe import network_kwargs, resolve_eval_preprocess, split_indices
+from src.models.tta import with_tta
+from src.recipe import network_kwargs, resolve_eval_preprocess, resolve_tta, split_indices
 from src.training.loss import CrossEntropySmooth
 from src.training.model import classification_metrics
 from src.utils import device
@@ -113,9 +114,9 @@ def benchmark_inference(cfg):
         predict = formats.load_predictor(
             cfg.checkpoint_path, cfg.net_name, cfg.class_num, cfg.batch_size,
             use_ema=cfg.use_ema, device_target=cfg.device_target,
-            stem_pool_pad_mode=cfg.stem_pool_pad_mode, runtime=cfg.runtime)
+            stem_pool_pad_mode=cfg.stem_pool_pad_mode, runtime=cfg.runtime, tta=cfg.tta)
     else:
-        net = create_network(**network_kwargs(cfg))
+        net = with_tta(create_network(**network_kwargs(cfg)), cfg.tta)
         net.set_train(False)
         if cfg.runtime == "onnxruntime":  # as a .ckpt runs there: BatchNorms folded
             fold_batchnorm(net)
@@ -150,6 +151,7 @@ def main(argv=None):
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
     preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
+    resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
     formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before slow work
     if cfg.benchmark_steps:
         device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
@@ -171,7 +173,7 @@ def main(argv=None):
                                      cfg.batch_size, use_ema=cfg.use_ema,
                                      device_target=cfg.device_target,
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
-                                     runtime=cfg.runtime)
+                                     runtime=cfg.runtime, tta=cfg.tta)
 
     report = class_report(cfg, indices)
     start = time.time()
@@ -180,6 +182,7 @@ def main(argv=None):
     seconds = time.time() - start
     summary = {"checkpoint_path": cfg.checkpoint_path,
                "runtime": formats.model_runtime(cfg.checkpoint_path, cfg.runtime),
+               "tta": cfg.tta,
                "data_path": cfg.data_path,
               "net_name": cfg.net_name, "images": result["images"],
               "top1": result["top1"], "top5": result["top5"],

@@ -68,7 +68,8 @@ from src.deploy.quantize import (
     select_calibration_images,
 )
 from src.models.bn_fold import fold_batchnorm
-from src.recipe import eval_preprocess, fill_from_weights
+from src.models.tta import with_tta
+from src.recipe import eval_preprocess, fill_from_weights, resolve_tta
 from src.utils import device
 from src.utils.checkpoint import read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
@@ -100,7 +101,8 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=Fal
 
 def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
     """Export to a temporary name in the target folder, load the result back
-    (``src.deploy.formats.check_exported``), then rename it over ``file_name`` + suffix: on
+    (``src.deploy.formats.check_exported``), record ``tta`` in it (``record_metadata``),
+    then rename it over ``file_name`` + suffix: on
     any failure the earlier file of that name is left as it was. With ``calibration`` (image
     paths) the export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
 
@@ -125,6 +127,8 @@ def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
             raise WriteError(f"cannot export {final}: {err}") from err
         formats.check_exported(partial + suffix, cfg.file_format, cfg.dynamic_batch)
         try:
+            formats.record_metadata(partial + suffix, cfg.file_format,
+                                    {formats.TTA_KEY: cfg.tta})  # what eval.py reads back
             os.replace(partial + suffix, final)
         except OSError as err:
             raise WriteError(f"cannot write {final}: {err.strerror or err}") from err
@@ -146,7 +150,7 @@ def publish(cfg):
                                  use_ema=cfg.use_ema, device_target=None,
                                  stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
-    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names)
+    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names, tta=cfg.tta)
     run_config = eval_result = None
     if not is_pretrained_source(cfg.checkpoint_path):
         run_config = stored_config(read_checkpoint(cfg.checkpoint_path))
@@ -173,6 +177,7 @@ def main(argv=None):
     set_max_image_pixels(cfg.max_image_pixels)  # calibration images
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
     fill_from_weights(cfg, cfg.checkpoint_path)  # Hub weights: their settings unless set
+    resolve_tta(cfg)  # and their test-time augmentation
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)
@@ -238,6 +243,7 @@ def export_locked(cfg):
                                  use_ema=cfg.use_ema, device_target=None,  # the pool as built
                                  stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     folded = fold_batchnorm(net) if cfg.fold_bn else 0
+    net = with_tta(net, cfg.tta)  # flip: the graph averages the image's and its mirror's logits
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
     reduce_range = bool(calibration) and reduce_range_for(cfg.quantize_reduce_range)
@@ -246,9 +252,10 @@ def export_locked(cfg):
             f"{cfg.quantize_reduce_range}) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")
     batch = "batch" if cfg.dynamic_batch else cfg.batch_size  # the symbolic dimension's name
+    tta = "; test-time augmentation flip in the graph" if cfg.tta == "flip" else ""
     print(f"exported {cfg.checkpoint_path} -> {final} "
           f"({int8}input float32 ({batch}, 3, {size}, {size}), output ({batch}, {cfg.class_num})"
-          f"{f'; {folded} BatchNorms folded into their convolutions' if folded else ''})")
+          f"{f'; {folded} BatchNorms folded into their convolutions' if folded else ''}{tta})")
     return 0
 
 

@@ -36,7 +36,7 @@ from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network, softmax
-from src.recipe import resolve_eval_preprocess
+from src.recipe import resolve_eval_preprocess, resolve_tta
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -136,6 +136,7 @@ def main(argv=None):
     set_max_image_pixels(cfg.max_image_pixels)
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
     preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
+    resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
@@ -153,7 +154,7 @@ def main(argv=None):
                                      cfg.batch_size, use_ema=cfg.use_ema,
                                      device_target=cfg.device_target,
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
-                                     runtime=cfg.runtime)
+                                     runtime=cfg.runtime, tta=cfg.tta)
     names = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess):

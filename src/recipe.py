@@ -25,8 +25,10 @@ from src.data.split import (
     split_image_folder,
     training_labels,
 )
+from src.deploy.formats import TTA_KEY, recorded_tta
 from src.models.freeze import set_trainable
 from src.models.resnet import create_network, last_feature_map_side
+from src.models.tta import TTA_MODES
 from src.training.evaluator import EvalShard, Evaluator
 from src.training.loop import TrainPlan
 from src.training.model import (
@@ -44,7 +46,7 @@ from src.training.resume import epoch_seed, restore_training_state
 from src.training.train_step import WeightEma
 from src.utils.checkpoint import load_into_network, pretrained_config
 from src.utils.config import INT32_MAX, Config, ConfigError
-from src.utils.hub import is_pretrained_source
+from src.utils.hub import is_pretrained_source, resolve_weights
 
 TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning", "device",
                   "precision, distribution", "outputs", "performance", "training checkpoints")
@@ -321,6 +323,34 @@ def resolve_eval_preprocess(cfg: Config, source: str) -> EvalPreprocess:
     timm's ``resolve_data_config``. Once per entry point (eval, predict, export)."""
     fill_from_weights(cfg, source)
     return eval_preprocess(cfg)
+
+
+def resolve_tta(cfg: Config) -> str:
+    """``cfg.tta`` for a run of ``cfg.checkpoint_path`` (eval, predict, export), after the
+    model's own record: Hub weights' ``config.json`` ``tta`` is taken unless the user set
+    ``tta``; an exported graph runs as exported (``recorded_tta``), taken unless set, and a
+    different value set is refused. docs/deployment.md#test-time-augmentation.
+
+    Raises:
+        ConfigError: If the user set another ``tta`` than an exported graph holds.
+        WeightsConfigError: If the weights' ``config.json`` has a ``tta`` not in ``TTA_MODES``.
+    """
+    source = cfg.checkpoint_path
+    if is_pretrained_source(source):
+        weights = resolve_weights(source)
+        recorded = weights.config.get(TTA_KEY, TTA_MODES[0])
+        if recorded not in TTA_MODES:
+            raise weights.field_error(TTA_KEY, recorded, f"one of {', '.join(TTA_MODES)}")
+    else:
+        recorded = recorded_tta(source)
+        user = cfg.user_value("tta")
+        if recorded is not None and user not in (None, recorded):
+            raise ConfigError(f"tta {user}: {source} was exported with tta {recorded}, which "
+                              f"is in its graph and cannot be changed; run it with tta "
+                              f"{recorded}, or export the checkpoint again with --tta {user}")
+    if recorded is not None and recorded != cfg.tta:
+        cfg.fill_unset({"tta": recorded}, source)
+    return cfg.tta
 
 
 @dataclass

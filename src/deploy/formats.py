@@ -15,13 +15,18 @@ from mindspore import nn
 
 from src.deploy.exporting import (
     mindir_batch_dims,
+    mindir_metadata,
     onnx_batch_dims,
+    onnx_metadata,
+    record_mindir,
+    record_onnx,
     write_air,
     write_mindir,
     write_onnx,
 )
 from src.deploy.inference import (
     Forward,
+    ModelFileError,
     checkpoint_predictor,
     chunks,
     load_mindir,
@@ -31,6 +36,7 @@ from src.deploy.inference import (
     onnx_predictor,
 )
 from src.models.bn_fold import fold_batchnorm
+from src.models.tta import TTA_MODES, with_tta
 from src.utils.config import ConfigError
 from src.utils.errors import WriteError
 from src.utils.hub import is_pretrained_source
@@ -54,15 +60,18 @@ AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in 
 class ModelFormat:
     """One model file format: its ``suffix`` (``""``: a folder), ``write`` (None: not by
     ``export_model``), load-back ``check`` (None: a non-empty file is enough),
-    ``dynamic_batch`` support and ``batch_dims`` reader, ``predictors`` by runtime (a single
-    one runs the file whatever ``runtime`` says), export ``devices`` (empty: any) and a
-    ``note`` printed when chosen."""
+    ``dynamic_batch`` support and ``batch_dims`` reader, ``record`` and ``metadata``: writing
+    and reading the file's key-value metadata (None: it has none), ``predictors`` by runtime
+    (a single one runs the file whatever ``runtime`` says), export ``devices`` (empty: any)
+    and a ``note`` printed when chosen."""
 
     suffix: str
     write: Writer | None = None
     check: Callable[[str], object] | None = None
     dynamic_batch: bool = False
     batch_dims: Callable[[str], tuple[int | None, int | None]] | None = None
+    record: Callable[[str, dict[str, str]], None] | None = None
+    metadata: Callable[[str], dict[str, str]] | None = None
     predictors: Mapping[str, Predictor] = field(default_factory=dict)
     devices: tuple[str, ...] = ()
     note: str | None = None
@@ -83,13 +92,15 @@ def check_onnx(path: str) -> None:
 
 def checkpoint_onnx_predictor(checkpoint_path: str, *, net_name: str, class_num: int,
                               batch_size: int, use_ema: bool, device_target: str | None,
-                              stem_pool_pad_mode: str) -> Forward:
-    """``runtime: onnxruntime``: the checkpoint's network, BatchNorms folded, exported to ONNX
-    per image shape at first use (``onnx_of_network``), ``batch_size`` images per run."""
+                              stem_pool_pad_mode: str, tta: str = TTA_MODES[0]) -> Forward:
+    """``runtime: onnxruntime``: the checkpoint's network, BatchNorms folded, as ``tta``
+    evaluates it (``with_tta``), exported to ONNX per image shape at first use
+    (``onnx_of_network``), ``batch_size`` images per run."""
     del device_target  # CPU (check_runtime); the graph gets the exportable stem pool
     net = load_network(net_name, class_num, checkpoint_path, use_ema=use_ema,
                        device_target=None, stem_pool_pad_mode=stem_pool_pad_mode)
     folded = fold_batchnorm(net)
+    net = with_tta(net, tta)
     sessions = {}
 
     def run(images: np.ndarray) -> np.ndarray:
@@ -105,10 +116,11 @@ def checkpoint_onnx_predictor(checkpoint_path: str, *, net_name: str, class_num:
 
 FORMATS: dict[str, ModelFormat] = {
     "ONNX": ModelFormat(suffix=".onnx", write=write_onnx, check=check_onnx, dynamic_batch=True,
-                        batch_dims=onnx_batch_dims, predictors={"onnxruntime": onnx_predictor}),
+                        batch_dims=onnx_batch_dims, record=record_onnx, metadata=onnx_metadata,
+                        predictors={"onnxruntime": onnx_predictor}),
     "MINDIR": ModelFormat(suffix=".mindir", write=write_mindir, check=load_mindir,
-                          dynamic_batch=True, batch_dims=mindir_batch_dims,
-                          predictors={"mindspore": mindir_predictor}),
+                          dynamic_batch=True, batch_dims=mindir_batch_dims, record=record_mindir,
+                          metadata=mindir_metadata, predictors={"mindspore": mindir_predictor}),
     "AIR": ModelFormat(suffix=".air", write=write_air, devices=("Ascend",), note=AIR_NOTE),
     "SAFETENSORS": ModelFormat(suffix=""),  # a folder (export.py's publish), read as a .ckpt
 }
@@ -230,10 +242,12 @@ def check_runtime(checkpoint_path: str, runtime: str, device_target: str | None 
 
 def load_predictor(checkpoint_path: str, net_name: str, class_num: int, batch_size: int, *,
                    use_ema: bool = True, device_target: str | None = None,
-                   stem_pool_pad_mode: str = "pad", runtime: str = RUNTIMES[0]) -> Forward:
+                   stem_pool_pad_mode: str = "pad", runtime: str = RUNTIMES[0],
+                   tta: str = TTA_MODES[0]) -> Forward:
     """A model file of ``READERS`` as a ``Forward`` over images preprocessed as in eval: its
     format's predictor for ``runtime``. ``batch_size``: images per pass, at most (a
-    fixed-batch export needs its own); the network keys apply to a ``.ckpt`` only.
+    fixed-batch export needs its own); the network keys and ``tta`` (``with_tta``) apply to
+    a ``.ckpt`` only (an exported graph runs as exported: ``recorded_tta``).
 
     Raises:
         ConfigError: For another suffix, or a ``runtime`` that does not fit (``check_runtime``).
@@ -246,4 +260,39 @@ def load_predictor(checkpoint_path: str, net_name: str, class_num: int, batch_si
     load = fmt.predictors[fmt.fixed_runtime or runtime]
     return load(checkpoint_path, net_name=net_name, class_num=class_num, batch_size=batch_size,
                 use_ema=use_ema, device_target=device_target,
-                stem_pool_pad_mode=stem_pool_pad_mode)
+                stem_pool_pad_mode=stem_pool_pad_mode, tta=tta)
+
+
+TTA_KEY = "tta"
+"""The metadata key of an exported graph's test-time augmentation (``TTA_MODES``)."""
+
+
+def record_metadata(path: str, file_format: str, metadata: dict[str, str]) -> None:
+    """Write ``metadata`` into an exported file of ``file_format`` whose format has a
+    ``record`` (ONNX ``metadata_props``, MindIR ``user_info``); nothing for the others."""
+    fmt = FORMATS[file_format]
+    if fmt.record is not None:
+        fmt.record(path, metadata)
+
+
+def recorded_tta(path: str) -> str | None:
+    """The test-time augmentation an exported graph holds, from its metadata (``TTA_KEY``;
+    ``none`` when absent: exported before it was recorded); None for a file of a format
+    without metadata (a ``.ckpt``, Hub weights) or that cannot be read (its loader says why).
+
+    Raises:
+        ModelFileError: If the recorded value is not one of ``TTA_MODES``.
+    """
+    from google.protobuf.message import DecodeError
+
+    fmt = READERS.get(model_suffix(path))
+    if fmt is None or fmt.metadata is None or not os.path.isfile(path):
+        return None
+    try:
+        value = fmt.metadata(path).get(TTA_KEY, TTA_MODES[0])
+    except (OSError, DecodeError):
+        return None
+    if value not in TTA_MODES:
+        raise ModelFileError(f"{path} records {TTA_KEY} {value!r}, not one of "
+                             f"{', '.join(TTA_MODES)}: not written by export.py?")
+    return value

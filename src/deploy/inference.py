@@ -18,6 +18,7 @@ from src.data.image_check import (
 from src.data.settings import EvalPreprocess
 from src.data.transforms import create_transforms
 from src.models.resnet import create_network
+from src.models.tta import TTA_MODES, with_tta
 from src.utils.checkpoint import load_into_network
 from src.utils.config import ConfigError
 from src.utils.errors import MissingFileError, UserError
@@ -270,10 +271,12 @@ def batched(forward: Forward, batch_size: int, kind: str, path: str,
 
 def checkpoint_predictor(checkpoint_path: str, *, net_name: str, class_num: int,
                          batch_size: int, use_ema: bool, device_target: str | None,
-                         stem_pool_pad_mode: str) -> Forward:
-    """A checkpoint in MindSpore (``load_network``), ``batch_size`` images at a time."""
-    net = load_network(net_name, class_num, checkpoint_path, use_ema=use_ema,
-                       device_target=device_target, stem_pool_pad_mode=stem_pool_pad_mode)
+                         stem_pool_pad_mode: str, tta: str = TTA_MODES[0]) -> Forward:
+    """A checkpoint in MindSpore (``load_network``) as ``tta`` evaluates it (``with_tta``),
+    ``batch_size`` images at a time."""
+    net = with_tta(load_network(net_name, class_num, checkpoint_path, use_ema=use_ema,
+                                device_target=device_target,
+                                stem_pool_pad_mode=stem_pool_pad_mode), tta)
     return lambda images: np.concatenate([net(ms.Tensor(chunk)).asnumpy()
                                           for chunk in chunks(images, batch_size)])
 

@@ -55,7 +55,7 @@ def crop_pct_for(image_size: int, eval_resize: int) -> float:
 
 
 def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
-                label_names: list[str] | None = None) -> dict:
+                label_names: list[str] | None = None, *, tta: str = "none") -> dict:
     """``config.json`` in timm's format for our weights.
 
     Args:
@@ -63,6 +63,8 @@ def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
         class_num (int): Classifier outputs.
         preprocess (EvalPreprocess): The eval preprocessing the weights are evaluated with.
         label_names (list[str], optional): Class names in label order.
+        tta (str): The test-time augmentation to evaluate them with; other than ``none``,
+            a top-level ``tta`` field (timm ignores it; eval.py and predict.py take it).
 
     Returns:
         dict: JSON-serializable config.
@@ -79,6 +81,8 @@ def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
         "crop_pct": crop_pct_for(image_size, preprocess.resize), "crop_mode": "center",
         "mean": list(preprocess.mean), "std": list(preprocess.std), "num_classes": class_num,
         "pool_size": [pool, pool], "first_conv": "conv1", "classifier": "fc"}
+    if tta != "none":
+        config["tta"] = tta
     return config
 
 
@@ -109,9 +113,14 @@ def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | 
     if eval_result:
         lines.append(f"top-1 {eval_result['top1']:.4f}, top-5 {eval_result['top5']:.4f} on "
                      f"{eval_result['images']} images of `{eval_result.get('data_path', '?')}`"
-                     f" (eval.py, {eval_result.get('runtime', 'mindspore')}).")
+                     f" (eval.py, {eval_result.get('runtime', 'mindspore')}, test-time "
+                     f"augmentation {eval_result.get('tta', 'none')}).")
     else:
         lines.append("No eval_result.json was found beside the checkpoint.")
+    if config.get("tta"):
+        lines += ["", f"Test-time augmentation: {config['tta']} (`tta` in config.json: the "
+                      f"logits of the image and of its horizontal mirror averaged). This "
+                      f"package's eval.py and predict.py apply it; timm and torchvision do not."]
     size = preprocessing["input_size"][-1]
     resize = math.floor(size / preprocessing["crop_pct"])
     lines += ["", f"Preprocessing: resize the shorter side to "
