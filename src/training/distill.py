@@ -160,7 +160,7 @@ class DistillationLoss(nn.Cell):
             pooled = self.student_resnet.pre_logits(image)
             logits = self.student_resnet.fc(pooled)
             if self.projection is not None:
-                pooled = self.projection(pooled)
+                pooled = self.projection(pooled.astype(ms.float32))  # float32 under AMP
             distill = feature_distillation(pooled, target)
         else:
             logits = self._backbone(image)
