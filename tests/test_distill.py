@@ -241,6 +241,29 @@ def test_build_teacher_checks_network_and_class_count(tmp_path):
                       device_target="CPU")
 
 
+def test_safetensors_folder_teacher_with_its_own_normalization(tmp_path):
+    """A timm-form folder (model.safetensors in torchvision's names, config.json asking for
+    mean/std 0.5): loaded as the teacher, renormalized for; its digest is that of its tensors."""
+    from safetensors.numpy import save_file
+
+    from src.deploy.publish import torchvision_state
+
+    net = create_network("resnet18", class_num=10)
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    save_file(torchvision_state(net), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "resnet18", "num_classes": 10,
+        "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+    teacher, arch, _ = build_teacher(str(folder), net_name="resnet18", class_num=10,
+                                     amp_level="O0", device_target="CPU")
+    assert arch == "resnet18" and teacher.renormalize
+    np.testing.assert_allclose(teacher.shift.asnumpy().ravel(),
+                               (np.array(IMAGENET_MEAN) - 0.5) / 0.5, rtol=1e-6)
+    same = Teacher(net)
+    assert tensors_digest(teacher) == tensors_digest(same)
+
+
 def test_digest_changes_with_any_tensor():
     net = create_network("resnet18", class_num=10)
     first = tensors_digest(net)
