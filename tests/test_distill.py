@@ -260,6 +260,12 @@ def test_safetensors_folder_teacher_with_its_own_normalization(tmp_path):
     assert arch == "resnet18" and teacher.renormalize
     np.testing.assert_allclose(teacher.shift.asnumpy().ravel(),
                                (np.array(IMAGENET_MEAN) - 0.5) / 0.5, rtol=1e-6)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (bad / "config.json").write_text(json.dumps({"pretrained_cfg": {"std": [0.5, 0, 0.5]}}))
+    with pytest.raises(ValueError, match=r"pretrained_cfg std \[0.5, 0, 0.5\]; expected 3"):
+        build_teacher(str(bad), net_name="", class_num=10, amp_level="O0", device_target="CPU")
     same = Teacher(net)
     assert tensors_digest(teacher) == tensors_digest(same)
 

@@ -224,12 +224,12 @@ def teacher_norm(source: str) -> tuple:
     if is_pretrained_source(source):
         info = resolve_weights(source).pretrained_cfg
         mean, std = info.get("mean", mean), info.get("std", std)
-    for name, value in (("mean", mean), ("std", std)):
+    for name, value, low in (("mean", mean, -np.inf), ("std", std, 0.0)):
         if (not isinstance(value, (list, tuple)) or len(value) != 3
-                or not all(isinstance(v, (int, float)) and v > (0 if name == "std" else -1)
-                           for v in value)):
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and low < v < np.inf for v in value)):
             raise ConfigError(f"kd_teacher {source}: pretrained_cfg {name} {value!r}; expected "
-                              f"3 numbers (per RGB channel{', > 0' if name == 'std' else ''})")
+                              f"3 finite numbers (per RGB channel{', > 0' if low == 0 else ''})")
     return tuple(map(float, mean)), tuple(map(float, std))
 
 
