@@ -126,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                            device_num=device_num, log=log) if probe_end else None
 
     # ---- resume (the same recipe, step of the data and of the LR) ----
+    run_config = dict(cfg, device_num=device_num)
+    if recipe.distill is not None:  # a resume with another teacher is refused
+        run_config["kd_teacher_sha256"] = recipe.distill.digest
     run = resume_run(model.train_network, resume_ckpt=cfg.resume_ckpt, output_dir=cfg.output_dir,
-                     prefix=cfg.net_name, run_config=dict(cfg, device_num=device_num),
+                     prefix=cfg.net_name, run_config=run_config,
                      check_recipe=not cfg.resume_ignore_config, overwrite=cfg.overwrite,
                      epoch_size=cfg.epoch_size, steps_per_epoch=data.steps_per_epoch,
                      total_steps=len(lr), device_num=device_num, log=log,

@@ -29,6 +29,13 @@ from src.deploy.formats import TTA_KEY, recorded_tta
 from src.models.freeze import set_trainable
 from src.models.resnet import create_network, last_feature_map_side
 from src.models.tta import TTA_MODES
+from src.training.distill import (
+    Distillation,
+    build_teacher,
+    feature_projection,
+    loss_weights,
+    tensors_digest,
+)
 from src.training.evaluator import EvalShard, Evaluator
 from src.training.loop import TrainPlan
 from src.training.model import (
@@ -44,11 +51,13 @@ from src.training.output_dir import record_training_images
 from src.training.profiler import parse_profile_steps
 from src.training.resume import epoch_seed, restore_training_state
 from src.training.train_step import WeightEma
+from src.utils.architectures import ARCHITECTURES
 from src.utils.checkpoint import load_into_network, pretrained_config
 from src.utils.config import INT32_MAX, Config, ConfigError
 from src.utils.hub import is_pretrained_source, resolve_weights
 
-TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning", "device",
+TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning",
+                  "knowledge distillation", "device",
                   "precision, distribution", "outputs", "performance", "training checkpoints")
 """The sections of train.py's ``--help``, in order."""
 
@@ -184,7 +193,45 @@ def step_recipe(cfg: Config, amp_level: str) -> StepRecipe:
         loss_scale_type=cfg.loss_scale_type, scale_factor=cfg.scale_factor,
         scale_window=cfg.scale_window, grad_clip_norm=cfg.grad_clip_norm,
         grad_accumulation_steps=cfg.grad_accumulation_steps,
-        allreduce_per=resolve_allreduce_per(cfg.grad_accumulation_allreduce, cfg.device_target))
+        allreduce_per=resolve_allreduce_per(cfg.grad_accumulation_allreduce, cfg.device_target),
+        distill=distillation(cfg, amp_level))
+
+
+def distillation(cfg: Config, amp_level: str) -> Distillation | None:
+    """The teacher of ``kd_teacher`` (None when empty) and the distillation loss's settings:
+    ``loss_weights`` of the weights the user set (timm's three modes), a feature projection
+    (student width -> teacher width) when they differ. Logged once per call.
+
+    Raises:
+        ConfigError: As ``build_teacher``, or for a negative derived weight. UserError: A
+            source that does not load.
+    """
+    if not cfg.kd_teacher:
+        return None
+    try:
+        task_weight, distill_weight = loss_weights(cfg.user_value("distill_loss_weight"),
+                                                   cfg.user_value("task_loss_weight"))
+    except ValueError as err:
+        raise ConfigError(f"task_loss_weight {cfg.task_loss_weight}: {err}") from err
+    # resolved: the run's config.yaml reads back the same weights
+    cfg.update(task_loss_weight=task_weight, distill_loss_weight=distill_weight)
+    features = cfg.kd_distill_type == "feature"
+    teacher, arch, width = build_teacher(
+        cfg.kd_teacher, net_name=cfg.kd_net_name, class_num=cfg.class_num, amp_level=amp_level,
+        device_target=cfg.device_target, features=features)
+    student_width = ARCHITECTURES[cfg.net_name].num_features
+    projection = feature_projection(student_width, width) if features else None
+    digest = tensors_digest(teacher)
+    logging.getLogger("train").info(
+        "knowledge distillation: teacher %s (%s), %s loss%s, task weight %g, distill weight "
+        "%g%s; teacher sha256 %s", cfg.kd_teacher, arch, cfg.kd_distill_type,
+        f" at temperature {cfg.kd_temperature}" if not features else "", task_weight,
+        distill_weight, f", projection {student_width} -> {width}" if projection else "",
+        digest[:16])
+    return Distillation(teacher=teacher, distill_type=cfg.kd_distill_type,
+                        temperature=cfg.kd_temperature, task_weight=task_weight,
+                        distill_weight=distill_weight, projection=projection,
+                        source=cfg.kd_teacher, digest=digest)
 
 
 def training_model(cfg: Config, net: nn.Cell, lr: np.ndarray | float, amp_level: str,

@@ -229,6 +229,18 @@ class ResNet(nn.Cell):
         return ResidualStage(cells)
 
     def construct(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+        if self.features_only:
+            maps = self.stage_maps(x)
+            return tuple([maps[i] for i in self.out_indices])
+        return self.fc(self.pre_logits(x))
+
+    def pre_logits(self, x: Tensor) -> Tensor:
+        """The pooled last-stage features (N, C) that ``fc`` reads (timm's
+        ``forward_head(pre_logits=True)``)."""
+        return ops.mean(self.stage_maps(x)[-1], (2, 3))
+
+    def stage_maps(self, x: Tensor) -> tuple[Tensor, ...]:
+        """The maps of ``FEATURE_INDICES``: the stem's and each stage's output."""
         stem = self.relu(self.bn1(self.conv1(x)))
         x = self.maxpool(stem)
         if self.training and self.drop_path_blocks:
@@ -242,10 +254,7 @@ class ResNet(nn.Cell):
             c3 = self.layer2(c2)
             c4 = self.layer3(c3)
             c5 = self.layer4(c4)
-        if self.features_only:
-            maps = (stem, c2, c3, c4, c5)
-            return tuple([maps[i] for i in self.out_indices])
-        return self.fc(ops.mean(c5, (2, 3)))
+        return stem, c2, c3, c4, c5
 
 
 def _build(net_name: str, device_target: str | None = None, **kwargs: Any) -> ResNet:

@@ -13,6 +13,7 @@ import numpy as np
 from mindspore.train import Callback, RunContext
 
 from src.utils.checkpoint import (
+    KD_LOSS_PREFIX,
     OVERFLOW_COUNTER,
 )
 from src.utils.errors import WriteError
@@ -68,6 +69,17 @@ def _overflow_counter(cb_params):
     if network is None or not hasattr(network, "get_parameters"):
         return None
     return next((p for p in network.get_parameters() if p.name == OVERFLOW_COUNTER), None)
+
+
+def _loss_parts(cb_params):
+    """A distilling cell's loss parts of its last step: {"task_loss": Parameter,
+    "distill_loss": Parameter} (``src.training.distill``), or {} for other cells."""
+    network = (cb_params.get("train_network") if isinstance(cb_params, dict)
+               else getattr(cb_params, "train_network", None))
+    if network is None or not hasattr(network, "get_parameters"):
+        return {}
+    return {p.name[len(KD_LOSS_PREFIX):] + "_loss": p for p in network.get_parameters()
+            if p.name.startswith(KD_LOSS_PREFIX)}
 
 
 class StepState(Callback):
@@ -239,7 +251,8 @@ class OptimizerStepCallbacks(Callback):
 EPOCH_TAGS = {"loss": "epoch/train_loss", "lr": "epoch/lr", "img_per_s": "epoch/img_per_s",
               "time_s": "epoch/time_s", "top1": "eval/top1", "top5": "eval/top5",
               "eval_loss": "eval/loss", "ema_top1": "eval/ema_top1", "ema_top5": "eval/ema_top5",
-              "ema_eval_loss": "eval/ema_loss", "best_top1": "eval/best_top1"}
+              "ema_eval_loss": "eval/ema_loss", "best_top1": "eval/best_top1",
+              "task_loss": "epoch/train_task_loss", "distill_loss": "epoch/train_distill_loss"}
 """TensorBoard tag of each number of an epoch record (``metrics.jsonl``)."""
 
 
@@ -278,15 +291,18 @@ class TrainMonitor(Callback):
         self.error = None
         self.epoch_loss_before = (0.0, 0)  # (sum, count) of the epoch's losses before a resume
         self.resumed_loss = None  # a resumed checkpoint's, taken at the first epoch begin
+        self.loss_parts, self.epoch_parts = {}, {}  # knowledge distillation's task, distill
 
     def on_train_begin(self, run_context: RunContext) -> None:
         self.train_start = self.train_start or time.time()
+        self.loss_parts = _loss_parts(run_context.original_args())
 
     def on_train_epoch_begin(self, run_context: RunContext) -> None:
         # Model.train's epochs are sink calls in sink mode: reset at real epoch starts only
         if self.epoch_start is None or self.state.global_step % self.steps_per_epoch == 0:
             self.epoch_start = self.window_start = time.time()
             self.epoch_losses = []
+            self.epoch_parts = {name: [] for name in self.loss_parts}
             self.epoch_steps = self.window_steps = 0
             stored = self.resumed_loss if self.state.global_step % self.steps_per_epoch else None
             self.epoch_loss_before = (stored["sum"], stored["count"]) if stored else (0.0, 0)
@@ -314,6 +330,9 @@ class TrainMonitor(Callback):
                               state.global_step, epoch)
             return
         self.epoch_losses.append(state.loss)
+        parts = {name: float(p.asnumpy()) for name, p in self.loss_parts.items()}
+        for name, value in parts.items():
+            self.epoch_parts.setdefault(name, []).append(value)
         step_in_epoch = (state.global_step - 1) % self.steps_per_epoch + 1
         if (not passed_multiple(step_in_epoch, calls_steps, self.log_interval)
                 and step_in_epoch != self.steps_per_epoch):
@@ -325,14 +344,16 @@ class TrainMonitor(Callback):
         total = len(self.lr)
         eta = (now - self.train_start) / (state.global_step - self.start_step) * (
             total - state.global_step)
-        self.logger.info("epoch %d/%d step %d/%d (global %d) loss %.4f lr %.6f "
+        self.logger.info("epoch %d/%d step %d/%d (global %d) loss %.4f%s lr %.6f "
                          "%.1f img/s eta %s", epoch, total // self.steps_per_epoch,
                          step_in_epoch, self.steps_per_epoch, state.global_step, state.loss,
+                         "".join(f" {k} {v:.4f}" for k, v in parts.items()),
                          self.lr[state.global_step - 1], img_per_s, _hms(eta))
         if self.tracker is not None:
             lr = float(self.lr[state.global_step - 1])
             values = {"train/loss": state.loss, "train/lr": lr, "train/img_per_s": img_per_s}
             values.update({tag: lr * scale for tag, scale in self.lr_groups.items()})
+            values.update({f"train/{name}": value for name, value in parts.items()})
             if state.loss_scale is not None:
                 values.update({"train/loss_scale": state.loss_scale,
                                "train/overflow_steps": state.overflow_steps})
@@ -353,6 +374,8 @@ class TrainMonitor(Callback):
                   "overflow_steps": self.state.overflow_steps}
         if self.state.loss_scale is not None:
             record["loss_scale"] = self.state.loss_scale
+        record.update({name: float(np.mean(values)) for name, values in self.epoch_parts.items()
+                       if values})
         last = step == len(self.lr)
         evaluated = bool(self.evaluator) and (epoch % self.eval_interval == 0 or last)
         if evaluated:

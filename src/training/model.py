@@ -7,6 +7,7 @@ import mindspore.nn as nn
 import numpy as np
 from mindspore.train import Model
 
+from src.training.distill import Distillation
 from src.training.loss import CrossEntropySmooth, create_loss
 from src.training.optimizer import create_optimizer
 from src.training.precision import loss_scale_setup
@@ -19,7 +20,7 @@ class StepRecipe:
     resolved ``amp_level`` and ``device_target``, ``class_num`` and ``label_smoothing`` (training
     and eval loss), the keywords of ``create_optimizer`` and ``create_loss``, the loss scaling
     (``loss_scale_setup``'s arguments), ``grad_clip_norm`` (0 = off), the micro-batches per
-    optimizer step and ``TrainStep``'s ``allreduce_per``."""
+    optimizer step and ``TrainStep``'s ``allreduce_per``; ``distill``: a teacher (None = none)."""
 
     amp_level: str
     device_target: str
@@ -34,6 +35,7 @@ class StepRecipe:
     grad_clip_norm: float = 0.0
     grad_accumulation_steps: int = 1
     allreduce_per: str = "step"
+    distill: Distillation | None = None
 
 
 def classification_metrics(class_num: int) -> dict[str, nn.Metric]:
@@ -78,10 +80,14 @@ def build_train_step(net: nn.Cell, lr: np.ndarray | float, recipe: StepRecipe,
         recipe.amp_level, recipe.device_target, recipe.loss_scale,
         loss_scale_type=recipe.loss_scale_type, scale_factor=recipe.scale_factor,
         scale_window=recipe.scale_window)
-    optimizer = create_optimizer(net, lr, **recipe.optimizer_kwargs)
     loss_fn = create_loss(label_smoothing=recipe.label_smoothing, class_num=recipe.class_num,
                           **recipe.loss_kwargs)
-    return TrainStep(nn.WithLossCell(net, loss_fn), optimizer, scale_sense=scale_sense,
+    with_loss = (nn.WithLossCell(net, loss_fn) if recipe.distill is None
+                 else recipe.distill.loss(net, loss_fn))
+    # distilling: the student and the feature projection train, never the teacher
+    optimizer = create_optimizer(net if recipe.distill is None else with_loss, lr,
+                                 **recipe.optimizer_kwargs)
+    return TrainStep(with_loss, optimizer, scale_sense=scale_sense,
                      check_overflow=check_overflow, grad_clip_norm=recipe.grad_clip_norm,
                      accumulation_steps=recipe.grad_accumulation_steps, ema=ema,
                      allreduce_per=recipe.allreduce_per)

@@ -20,6 +20,8 @@ from src.training.lr_schedule import LR_KEYS
 from src.training.output_dir import records_after
 from src.utils.checkpoint import (
     GRAD_ACCUM_PREFIX,
+    KD_LOSS_PREFIX,
+    KD_TEACHER_PREFIX,
     METADATA_KEYS,
     OVERFLOW_COUNTER,
     TRAINING_STATE_PREFIXES,
@@ -45,7 +47,8 @@ NOT_RESTORED = ("learning_rate",) + METADATA_KEYS  # the LR array comes from the
 # Restored when present; checkpoints written before the loss scale (the overflow counter) was
 # part of the training cell lack it: the configured scale is used (the count starts at 0).
 # The gradient accumulation buffers are never saved (zero between optimizer steps).
-NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER, GRAD_ACCUM_PREFIX)
+NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER, GRAD_ACCUM_PREFIX,
+                               KD_TEACHER_PREFIX, KD_LOSS_PREFIX)  # the last two never saved
 MAY_DIFFER = frozenset((
     # where things are, and the run's own controls
     "data_path", "eval_data_path", "output_dir", "pre_trained", "config_path", "resume_ckpt",

@@ -45,6 +45,10 @@ DROP_PATH_STEP = "drop_path_step"
 # ``grad_accum_loss``): zero at every optimizer step's end, so never saved (``is_saved``)
 GRAD_ACCUM_PREFIX = "grad_accum"
 GRAD_ACCUM_STEP, GRAD_ACCUM_LOSS = GRAD_ACCUM_PREFIX + "_step", GRAD_ACCUM_PREFIX + "_loss"
+# Knowledge distillation (``src.training.distill``): the frozen teacher's tensors and the
+# loss parts of the last step are never saved; the feature projection is saved (resume) and
+# never loaded into a network (eval, export)
+KD_TEACHER_PREFIX, KD_LOSS_PREFIX, KD_PROJECTION_PREFIX = "kd_teacher.", "kd_loss.", "kd_proj."
 NAME = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 # Names Model.train's training cell adds to the network's: optimizer state and counters.
 # Optimizer state: Momentum ``moments.``, AdamW ``adam_m.``/``adam_v.``, Lamb
@@ -56,7 +60,8 @@ TRAINING_STATE_PREFIXES = ("moments.", "accum.", GRAD_ACCUM_PREFIX, "adam_m.", "
                            "beta1_power", "beta2_power", "learning_rate", "global_step",
                            "momentum", "scale_sense", "current_iterator_step", "epoch_num",
                            "step_num", "last_overflow_iterator_step", EMA_PREFIX,
-                           EMA_COUNTER, OVERFLOW_COUNTER, DROP_PATH_STEP) + METADATA_KEYS
+                           EMA_COUNTER, OVERFLOW_COUNTER, DROP_PATH_STEP,
+                           KD_PROJECTION_PREFIX) + METADATA_KEYS
 LOGGER = logging.getLogger(__name__)
 
 # Checkpoint layouts of other code bases whose ResNets hold our tensors (same shapes, same
@@ -421,8 +426,8 @@ def _mismatch_message(path, missing, unexpected, mismatched, limit=10):
 
 def is_saved(name: str) -> bool:
     """Whether parameter ``name`` is saved: all but the gradient accumulation buffers (zero
-    between optimizer steps)."""
-    return not name.startswith(GRAD_ACCUM_PREFIX)
+    between optimizer steps) and a distillation teacher and loss parts."""
+    return not name.startswith((GRAD_ACCUM_PREFIX, KD_TEACHER_PREFIX, KD_LOSS_PREFIX))
 
 
 def atomic_save_checkpoint(net: nn.Cell | list[dict[str, Any]], path: str,

@@ -35,13 +35,13 @@ POSITIVE = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_i
             "save_checkpoint_epochs", "keep_checkpoint_max", "base_lr_batch_size", "base_lr",
             "eval_interval", "top_k", "num_parallel_workers", "loss_scale", "eps",
             "calibration_images", "scale_window", "max_image_pixels", "head_lr_scale",
-            "trust_coeff", "lr_poly_power")
+            "trust_coeff", "lr_poly_power", "kd_temperature")
 """Keys whose value must be > 0."""
 NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
                 "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm",
                 "linear_probe_epochs", "aug_repeats", "cam_images",
-                "early_stopping_patience")
+                "early_stopping_patience", "distill_loss_weight", "task_loss_weight")
 """Keys whose value must be >= 0."""
 UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_prob": "[0, 1]",
                  "label_smoothing": "[0, 1)", "ema_decay": "[0, 1)", "beta1": "[0, 1)",

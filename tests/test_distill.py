@@ -1,0 +1,340 @@
+"""Knowledge distillation (src/training/distill.py): the losses against a torch re-derivation
+of timm's ``LogitDistillationTask`` / ``FeatureDistillationTask``, timm's three weighting
+modes, the frozen teacher inside ``TrainStep``, what training checkpoints hold, bad input."""
+import json
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from src.models.resnet import create_network
+from src.training.distill import (
+    Distillation,
+    DistillationLoss,
+    Teacher,
+    build_teacher,
+    feature_distillation,
+    feature_projection,
+    logit_distillation,
+    loss_weights,
+    tensors_digest,
+)
+from src.training.loss import create_loss
+from src.training.model import StepRecipe, build_train_step
+from src.training.resume import restore_training_state
+from src.utils.checkpoint import atomic_save_checkpoint, load_into_network, read_checkpoint
+from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD
+from tests.helpers import ROOT, copy_class_folders, run_entry, run_in_process
+
+SAMPLE = os.path.join(ROOT, "data", "cifar10_sample", "train")
+
+
+def kernel_error(values):
+    """The relative error of MindSpore's float32 ``exp`` (under ``softmax``) on ``values`` on
+    this machine, at least float32's epsilon."""
+    ours = ms.ops.exp(ms.Tensor(values.astype(np.float32))).asnumpy().astype(np.float64)
+    exact = np.exp(values.astype(np.float32).astype(np.float64))
+    return max(float(np.abs(ours / exact - 1).max()), float(np.finfo(np.float32).eps))
+
+
+def within_torch_float32(ours, t32, t64, relative):
+    """Our float32 result is as close to torch's float64 one as torch's float32 one is, to
+    8x, floored at 8x the ``relative`` float32 kernel error of the value's scale."""
+    scale = max(float(np.abs(t64).max()), 1e-30)
+    bound = 8 * max(float(np.abs(t32 - t64).max()), relative * scale)
+    assert float(np.abs(ours - t64).max()) <= bound, (ours, t64, bound)
+
+
+def torch_logit_kd(student, teacher, temperature):
+    """timm's ``LogitDistillationTask`` formula."""
+    log_s = F.log_softmax(student / temperature, dim=-1)
+    log_t = F.log_softmax(teacher / temperature, dim=-1)
+    return F.kl_div(log_s, log_t, reduction="batchmean", log_target=True) * temperature ** 2
+
+
+@pytest.mark.parametrize("temperature", [1.0, 4.0])
+def test_logit_loss_and_gradient_equal_torch(temperature):
+    rng = np.random.default_rng(3)
+    student = (rng.standard_normal((8, 10)) * 3).astype(np.float32)
+    teacher = (rng.standard_normal((8, 10)) * 3).astype(np.float32)
+    loss, grad = ms.value_and_grad(lambda s: logit_distillation(
+        s, ms.Tensor(teacher), temperature))(ms.Tensor(student))
+    refs = []
+    for dtype in (torch.float32, torch.float64):
+        s = torch.tensor(student, dtype=dtype, requires_grad=True)
+        ref = torch_logit_kd(s, torch.tensor(teacher, dtype=dtype), temperature)
+        ref.backward()
+        refs.append((ref.detach().numpy(), s.grad.numpy()))
+    relative = kernel_error(np.concatenate([student, teacher]) / temperature)
+    within_torch_float32(loss.asnumpy(), refs[0][0], refs[1][0], relative)
+    within_torch_float32(grad.asnumpy(), refs[0][1], refs[1][1], relative)
+
+
+def test_feature_loss_and_gradient_equal_torch():
+    rng = np.random.default_rng(4)
+    student = rng.standard_normal((8, 16)).astype(np.float32)
+    teacher = rng.standard_normal((8, 16)).astype(np.float32)
+    loss, grad = ms.value_and_grad(lambda s: feature_distillation(s, ms.Tensor(teacher)))(
+        ms.Tensor(student))
+    refs = []
+    for dtype in (torch.float32, torch.float64):
+        s = torch.tensor(student, dtype=dtype, requires_grad=True)
+        ref = F.mse_loss(s, torch.tensor(teacher, dtype=dtype))
+        ref.backward()
+        refs.append((ref.detach().numpy(), s.grad.numpy()))
+    relative = float(np.finfo(np.float32).eps)
+    within_torch_float32(loss.asnumpy(), refs[0][0], refs[1][0], relative)
+    within_torch_float32(grad.asnumpy(), refs[0][1], refs[1][1], relative)
+
+
+@pytest.mark.parametrize("distill, task, expected", [
+    (None, None, (1.0, 1.0)),  # neither: both 1.0
+    (None, 0.3, (0.3, 0.7)),  # only the task weight: complementary
+    (2.0, None, (1.0, 2.0)),  # the distill weight: independent, task 1.0
+    (0.5, 0.25, (0.25, 0.5)),  # both: independent
+    (0.0, 1.0, (1.0, 0.0)),
+])
+def test_timms_three_weighting_modes(distill, task, expected):
+    assert loss_weights(distill, task) == expected
+
+
+def test_complementary_weight_below_zero_refused():
+    with pytest.raises(ValueError, match="1 - task"):
+        loss_weights(None, 1.5)
+
+
+def test_teacher_renormalizes_as_timm_normalize_input():
+    net = create_network("resnet18", class_num=10)
+    rng = np.random.default_rng(5)
+    image = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    t_mean, t_std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    teacher = Teacher(net, teacher_norm=(t_mean, t_std))
+    teacher.set_train(False)
+    s_mean = np.reshape(IMAGENET_MEAN, (1, 3, 1, 1))
+    s_std = np.reshape(IMAGENET_STD, (1, 3, 1, 1))
+    timm_input = (image * s_std + s_mean - np.reshape(t_mean, (1, 3, 1, 1))) / np.reshape(
+        t_std, (1, 3, 1, 1))
+    expected = net(ms.Tensor(timm_input.astype(np.float32))).asnumpy()
+    ours = teacher(ms.Tensor(image)).asnumpy()
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-5)
+    same = Teacher(create_network("resnet18", class_num=10))
+    assert not same.renormalize and teacher.renormalize
+
+
+def test_total_is_weighted_task_plus_distill_loss():
+    """PyNative: ``DistillationLoss`` = 0.3 CE(student) + 0.7 KL(teacher || student) as
+    timm's, both networks in eval mode (the teacher always is)."""
+    student = create_network("resnet18", class_num=10)
+    teacher_net = create_network("resnet18", class_num=10)
+    student.set_train(False)
+    rng = np.random.default_rng(6)
+    image = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    label = np.array([1, 7], np.int32)
+    s_logits = student(ms.Tensor(image)).asnumpy()
+    t_logits = teacher_net(ms.Tensor(image)).asnumpy()
+    cell = DistillationLoss(student, create_loss("ce", 0.1, 10), Teacher(teacher_net),
+                            distill_type="logit", temperature=2.0, task_weight=0.3,
+                            distill_weight=0.7)
+    cell.set_train(False)
+    total = float(cell(ms.Tensor(image), ms.Tensor(label)).asnumpy())
+    task, distill = (float(p.asnumpy()) for p in cell.parts)
+    ce = F.cross_entropy(torch.tensor(s_logits, dtype=torch.float64),
+                         torch.tensor(label).long(), label_smoothing=0.1)
+    assert task == pytest.approx(float(ce), rel=1e-5)  # as tests/test_loss.py
+    kd = logit_distillation(ms.Tensor(s_logits), ms.Tensor(t_logits), 2.0)  # checked above
+    assert distill == pytest.approx(float(kd.asnumpy()), rel=1e-6)
+    assert total == pytest.approx(0.3 * task + 0.7 * distill, rel=1e-6)
+
+
+# ---- the teacher inside TrainStep ----
+
+def distillation(teacher_net, *, distill_type="logit", task_weight=1.0, distill_weight=1.0,
+                 projection=None):
+    teacher = Teacher(teacher_net, features=distill_type == "feature")
+    return Distillation(teacher=teacher, distill_type=distill_type, temperature=4.0,
+                        task_weight=task_weight, distill_weight=distill_weight,
+                        projection=projection, source="test", digest=tensors_digest(teacher))
+
+
+def recipe(distill=None, accumulation=1):
+    return StepRecipe(amp_level="O0", device_target="CPU", class_num=10,
+                      loss_kwargs={"loss": "ce"}, distill=distill,
+                      grad_accumulation_steps=accumulation)
+
+
+def test_frozen_teacher_and_zero_weight_step_equals_a_plain_step():
+    """Two accumulated micro-batches per step, 2 steps: the teacher's tensors (BatchNorm
+    statistics included) stay bit-identical, it has no optimizer state, and with distill
+    weight 0 the student ends where a plain ``TrainStep`` does."""
+    ms.set_seed(0)
+    student = create_network("resnet18", class_num=10)
+    twin = create_network("resnet18", class_num=10)
+    ms.load_param_into_net(twin, {p.name: ms.Parameter(p.value().copy(), name=p.name)
+                                  for p in student.get_parameters()})
+    teacher_net = create_network("resnet18", class_num=10)
+    distill = distillation(teacher_net, distill_weight=0.0)
+    before = {p.name: p.asnumpy().copy() for p in teacher_net.get_parameters()}
+    step = build_train_step(student, 0.05, recipe(distill, accumulation=2))
+    plain = build_train_step(twin, 0.05, recipe(accumulation=2))
+    assert not [p.name for p in step.optimizer.parameters if p.name.startswith("kd_teacher.")]
+    assert all(not p.requires_grad for p in teacher_net.get_parameters())
+    rng = np.random.default_rng(7)
+    step.set_train()
+    plain.set_train()
+    for _ in range(4):
+        image = ms.Tensor(rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
+        label = ms.Tensor(rng.integers(0, 10, 4).astype(np.int32))
+        loss, plain_loss = step(image, label), plain(image, label)
+        assert float(loss.asnumpy()) == float(plain_loss.asnumpy())
+    task, distilled = (float(p.asnumpy()) for p in step.network.parts)
+    assert distilled > 0 and task > 0
+    for p in teacher_net.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=p.name)
+    twin_params = {p.name: p.asnumpy() for p in twin.get_parameters()}
+    for p in student.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), twin_params[p.name], err_msg=p.name)
+
+
+def test_projection_checkpointed_and_restored_teacher_never_saved(tmp_path):
+    """A feature-distilling training cell (ResNet-18 student, ResNet-50 teacher: 512 -> 2048):
+    its checkpoint holds the projection and its optimizer state, no teacher tensor and no
+    loss part; a fresh cell restores the projection; the student loads strictly from it."""
+    student = create_network("resnet18", class_num=10)
+    projection = feature_projection(512, 2048)
+    distill = distillation(create_network("resnet50", class_num=10), distill_type="feature",
+                           projection=projection)
+    step = build_train_step(student, 0.05, recipe(distill))
+    assert {p.name for p in step.optimizer.parameters} >= {"kd_proj.weight", "kd_proj.bias"}
+    projection.weight.set_data(ms.Tensor(np.full((2048, 512), 0.25, np.float32)))
+    path = str(tmp_path / "step.ckpt")
+    atomic_save_checkpoint(step, path, {"train_step": 0, "run_config": "{}"})
+    names = set(read_checkpoint(path))
+    assert {"kd_proj.weight", "kd_proj.bias", "moments.kd_proj.weight"} <= names
+    assert not [n for n in names if n.startswith(("kd_teacher.", "kd_loss."))]
+    fresh_projection = feature_projection(512, 2048)
+    fresh = build_train_step(create_network("resnet18", class_num=10), 0.05, recipe(
+        distillation(create_network("resnet50", class_num=10), distill_type="feature",
+                     projection=fresh_projection)))
+    restore_training_state(fresh, path)
+    np.testing.assert_array_equal(fresh_projection.weight.asnumpy(), 0.25)
+    plain_student = create_network("resnet18", class_num=10)
+    load_into_network(plain_student, path)  # strict: the student's names, nothing more
+    assert feature_projection(512, 512) is None
+
+
+# ---- the teacher's weights ----
+
+def test_build_teacher_checks_network_and_class_count(tmp_path):
+    path = str(tmp_path / "teacher.ckpt")
+    ms.save_checkpoint(create_network("resnet18", class_num=10), path)
+    teacher, arch, width = build_teacher(path, net_name="", class_num=10, amp_level="O0",
+                                         device_target="CPU")
+    assert (arch, width) == ("resnet18", 512)
+    assert all(p.name.startswith("kd_teacher.") for p in teacher.get_parameters())
+    with pytest.raises(ValueError, match="kd_teacher .* has 10 classes but class_num is 5"):
+        build_teacher(path, net_name="", class_num=5, amp_level="O0", device_target="CPU")
+    with pytest.raises(ValueError, match="holds a resnet18 but kd_net_name is resnet50"):
+        build_teacher(path, net_name="resnet50", class_num=10, amp_level="O0",
+                      device_target="CPU")
+
+
+def test_safetensors_folder_teacher_with_its_own_normalization(tmp_path):
+    """A timm-form folder (model.safetensors in torchvision's names, config.json asking for
+    mean/std 0.5): loaded as the teacher, renormalized for; its digest is that of its tensors."""
+    from safetensors.numpy import save_file
+
+    from src.deploy.publish import torchvision_state
+
+    net = create_network("resnet18", class_num=10)
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    save_file(torchvision_state(net), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "resnet18", "num_classes": 10,
+        "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+    teacher, arch, _ = build_teacher(str(folder), net_name="resnet18", class_num=10,
+                                     amp_level="O0", device_target="CPU")
+    assert arch == "resnet18" and teacher.renormalize
+    np.testing.assert_allclose(teacher.shift.asnumpy().ravel(),
+                               (np.array(IMAGENET_MEAN) - 0.5) / 0.5, rtol=1e-6)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (bad / "config.json").write_text(json.dumps({"pretrained_cfg": {"std": [0.5, 0, 0.5]}}))
+    with pytest.raises(ValueError, match=r"pretrained_cfg std \[0.5, 0, 0.5\]; expected 3"):
+        build_teacher(str(bad), net_name="", class_num=10, amp_level="O0", device_target="CPU")
+    same = Teacher(net)
+    assert tensors_digest(teacher) == tensors_digest(same)
+
+
+def test_digest_changes_with_any_tensor():
+    net = create_network("resnet18", class_num=10)
+    first = tensors_digest(net)
+    assert tensors_digest(net) == first and len(first) == 64
+    net.fc.bias.set_data(net.fc.bias.value() + 1e-3)
+    assert tensors_digest(net) != first
+
+
+# ---- bad input: named, exit 2, nothing written ----
+
+@pytest.fixture(scope="module")
+def teacher_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("teacher")
+    path = str(folder / "teacher.ckpt")
+    ms.save_checkpoint(create_network("resnet18", class_num=2), path)
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kd_teacher", "{missing}"], "not found"),
+    (["--kd_teacher", "{teacher}", "--class_num", "3"], "has 2 classes but class_num is 3"),
+    (["--kd_teacher", "{teacher}", "--kd_net_name", "resnet34"], "kd_net_name is resnet34"),
+    (["--kd_teacher", "{teacher}", "--kd_temperature", "0"], "kd_temperature"),
+    (["--kd_teacher", "{teacher}", "--distill_loss_weight", "-1"], "distill_loss_weight"),
+    (["--kd_teacher", "{teacher}", "--task_loss_weight", "1.5"], "1 - task"),
+])
+def test_bad_distillation_input_named_nothing_written(tmp_path, teacher_file, args, message):
+    data = copy_class_folders(SAMPLE, str(tmp_path / "data"), 4, classes=["cat", "dog"])
+    out = tmp_path / "out"
+    args = [a.format(missing=tmp_path / "none.ckpt", teacher=teacher_file) for a in args]
+    class_num = [] if "--class_num" in args else ["--class_num", "2"]
+    result = run_in_process(
+        "train.py", "--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+        "--run_eval", "false", "--batch_size", "4", "--num_parallel_workers", "1",
+        "--data_path", data, "--output_dir", out, *class_num, *args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists() or not [f for f in os.listdir(out) if not f.startswith(".")]
+
+
+# ---- end to end ----
+
+@pytest.mark.slow
+def test_train_with_a_teacher_then_resume_with_another_refused(tmp_path):
+    """train.py distils for one epoch (8 images, batch 4): the records carry the loss parts,
+    the checkpoint holds no teacher tensor and the teacher's digest; a resume whose teacher
+    file changed is refused naming it (exit 2)."""
+    data = copy_class_folders(SAMPLE, str(tmp_path / "data"), 4, classes=["cat", "dog"])
+    teacher = str(tmp_path / "teacher.ckpt")
+    ms.save_checkpoint(create_network("resnet18", class_num=2), teacher)
+    out = str(tmp_path / "out")
+    common = ["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+              "--run_eval", "false", "--batch_size", "4", "--num_parallel_workers", "1",
+              "--class_num", "2", "--data_path", data, "--output_dir", out,
+              "--kd_teacher", teacher, "--epoch_size", "1", "--save_checkpoint_epochs", "1",
+              "--log_interval", "1"]
+    result = run_entry("train.py", *common, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(open(os.path.join(out, "metrics.jsonl")).readline())
+    assert record["task_loss"] > 0 and record["distill_loss"] >= 0
+    assert "task_loss" in result.stdout + result.stderr
+    params = read_checkpoint(os.path.join(out, "resnet18-1_2.ckpt"))
+    assert not [n for n in params if n.startswith(("kd_teacher.", "kd_loss."))]
+    stored = json.loads(params["run_config"])
+    assert stored["kd_teacher"] == teacher and len(stored["kd_teacher_sha256"]) == 64
+    ms.save_checkpoint(create_network("resnet18", class_num=2), teacher)  # another teacher
+    refused = run_in_process("train.py", *common, "--resume_ckpt", "auto")
+    assert refused.returncode == 2 and "kd_teacher_sha256" in refused.stderr, refused.stderr
