@@ -305,10 +305,22 @@ def test_an_evaluation_without_failures_is_summed_over_the_ranks():
 
 # ---- item 21a: the epoch's loss record of a run resumed mid-epoch ----
 
-def monitored_records(tmp_path, losses, *, start_step=0, resumed=None, stop_at=None):
+class _Part:
+    """A distilling cell's loss-part Parameter as the monitor reads it (``asnumpy``)."""
+
+    def __init__(self):
+        self.value = np.float32(0)
+
+    def asnumpy(self):
+        return np.asarray(self.value)
+
+
+def monitored_records(tmp_path, losses, *, start_step=0, resumed=None, stop_at=None,
+                      parts=None):
     """A ``TrainMonitor`` (4 steps per epoch) fed ``losses`` from ``start_step`` on, a run
     resumed with ``resumed`` (a checkpoint's ``epoch_loss``); returns the records and, at
-    ``stop_at``, what a checkpoint there stores (``epoch_loss``, through JSON)."""
+    ``stop_at``, what a checkpoint there stores (``epoch_loss``, through JSON). ``parts``: a
+    distillation task-loss part per step (as ``kd_teacher`` runs give)."""
     import json
 
     from mindspore.train import RunContext
@@ -324,10 +336,14 @@ def monitored_records(tmp_path, losses, *, start_step=0, resumed=None, stop_at=N
     monitor.resumed_loss = resumed
     context, stored = RunContext(Params()), None
     monitor.on_train_begin(context)
+    part = _Part()
+    if parts is not None:
+        monitor.loss_parts = {"task_loss": part}
     monitor.on_train_epoch_begin(context)
-    for loss in losses:
+    for i, loss in enumerate(losses):
         state.global_step += 1
         state.status, state.loss = "ok", loss
+        part.value = np.float32(parts[i]) if parts is not None else part.value
         monitor.on_train_step_end(context)
         if state.global_step == stop_at:
             stored = json.loads(json.dumps(monitor.epoch_loss()))
@@ -350,3 +366,15 @@ def test_a_run_resumed_mid_epoch_records_the_mean_loss_of_the_whole_epoch(tmp_pa
     # an older checkpoint without the sum: the steps after the resume, as before
     older, _ = monitored_records(tmp_path / "older", losses[6:], start_step=6)
     assert older[0]["loss"] == sum(losses[6:]) / 2
+
+
+def test_a_distilling_run_resumed_mid_epoch_records_the_parts_of_the_whole_epoch(tmp_path):
+    losses = [2.3, 2.1, 1.9, 1.7, 0.1, 0.7, 1e-3, 0.30000000000000004]
+    parts = [1.5, 1.25, 1.0, 0.75, 0.0625, 0.5, 0.25, 0.125]
+    whole, _ = monitored_records(tmp_path / "whole", losses, parts=parts)
+    first, stored = monitored_records(tmp_path / "first", losses, stop_at=6, parts=parts)
+    assert stored["parts"] == {"task_loss": {"sum": 0.0625 + 0.5, "count": 2}}
+    rest, _ = monitored_records(tmp_path / "rest", losses[6:], start_step=6, resumed=stored,
+                                parts=parts[6:])
+    assert [r["task_loss"] for r in first + rest] == [r["task_loss"] for r in whole]
+    assert rest[0]["task_loss"] == (0.0625 + 0.5 + 0.25 + 0.125) / 4

@@ -256,6 +256,12 @@ EPOCH_TAGS = {"loss": "epoch/train_loss", "lr": "epoch/lr", "img_per_s": "epoch/
 """TensorBoard tag of each number of an epoch record (``metrics.jsonl``)."""
 
 
+
+def _running_sum(before: tuple[float, int], values: list[float]) -> dict:
+    """``{"sum", "count"}`` of ``values`` added in order to ``before`` = (sum, count)."""
+    return {"sum": float(sum(values, before[0])), "count": before[1] + len(values)}
+
+
 class TrainMonitor(Callback):
     """Progress lines every ``log_interval`` steps and one JSON record per finished
     epoch in ``metrics_path`` (None: none; fields: docs/training.md#commands-and-outputs), with
@@ -292,6 +298,7 @@ class TrainMonitor(Callback):
         self.epoch_loss_before = (0.0, 0)  # (sum, count) of the epoch's losses before a resume
         self.resumed_loss = None  # a resumed checkpoint's, taken at the first epoch begin
         self.loss_parts, self.epoch_parts = {}, {}  # knowledge distillation's task, distill
+        self.parts_before = {}  # their (sum, count) before a mid-epoch resume
 
     def on_train_begin(self, run_context: RunContext) -> None:
         self.train_start = self.train_start or time.time()
@@ -306,15 +313,21 @@ class TrainMonitor(Callback):
             self.epoch_steps = self.window_steps = 0
             stored = self.resumed_loss if self.state.global_step % self.steps_per_epoch else None
             self.epoch_loss_before = (stored["sum"], stored["count"]) if stored else (0.0, 0)
+            self.parts_before = {name: (part["sum"], part["count"])
+                                 for name, part in (stored or {}).get("parts", {}).items()}
             self.resumed_loss = None
 
     def epoch_loss(self) -> dict:
         """The losses of this epoch so far (``{"sum": float, "count": int}``, summed in step
-        order), stored in the checkpoints so a run resumed mid-epoch records the mean of the
-        whole epoch (``resumed_loss``)."""
-        total, count = self.epoch_loss_before
-        return {"sum": float(sum(self.epoch_losses, total)),
-                "count": count + len(self.epoch_losses)}
+        order; with ``kd_teacher`` also ``"parts"``: the same per loss part), stored in the
+        checkpoints so a run resumed mid-epoch records the means of the whole epoch
+        (``resumed_loss``)."""
+        loss = _running_sum(self.epoch_loss_before, self.epoch_losses)
+        names = list(self.parts_before) + [n for n in self.epoch_parts
+                                           if n not in self.parts_before]
+        parts = {name: _running_sum(self.parts_before.get(name, (0.0, 0)),
+                                    self.epoch_parts.get(name, [])) for name in names}
+        return dict(loss, parts=parts) if parts else loss
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         state = self.state
@@ -374,8 +387,8 @@ class TrainMonitor(Callback):
                   "overflow_steps": self.state.overflow_steps}
         if self.state.loss_scale is not None:
             record["loss_scale"] = self.state.loss_scale
-        record.update({name: float(np.mean(values)) for name, values in self.epoch_parts.items()
-                       if values})
+        record.update({name: part["sum"] / part["count"]
+                       for name, part in losses.get("parts", {}).items() if part["count"]})
         last = step == len(self.lr)
         evaluated = bool(self.evaluator) and (epoch % self.eval_interval == 0 or last)
         if evaluated:
