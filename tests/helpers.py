@@ -209,3 +209,33 @@ def train_in_process(*args, cwd=ROOT):
         except Exception as err:
             traceback.clear_frames(err.__traceback__)  # the frames hold the open lock file
             raise
+
+
+def sigkill_train_when(args, ready, *, timeout=300, cwd=ROOT):
+    """train.py with ``args`` in a fresh interpreter (a process of its own, as a user's),
+    killed with SIGKILL as soon as ``ready()`` is true (polled every 20 ms) or ``timeout``
+    seconds have passed; a run that ends first is not killed. Its output goes to temporary
+    files, so that no pipe fills up while nobody reads it.
+
+    Returns:
+        subprocess.CompletedProcess: ``returncode`` (``-signal.SIGKILL`` if killed),
+        ``stdout`` and ``stderr``.
+    """
+    import signal
+    import tempfile
+    import time
+
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True)
+        deadline = time.time() + timeout
+        try:
+            while proc.poll() is None and time.time() < deadline and not ready():
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=120)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())

@@ -1,8 +1,10 @@
 """Knowledge distillation (src/training/distill.py): the losses against a torch re-derivation
 of timm's ``LogitDistillationTask`` / ``FeatureDistillationTask``, timm's three weighting
-modes, the frozen teacher inside ``TrainStep``, what training checkpoints hold, bad input."""
+modes, the frozen teacher inside ``TrainStep``, what training checkpoints hold, bad input,
+a run killed with SIGKILL resumed bit-exact."""
 import json
 import os
+import signal
 
 import mindspore as ms
 import numpy as np
@@ -27,7 +29,14 @@ from src.training.model import StepRecipe, build_train_step
 from src.training.resume import restore_training_state
 from src.utils.checkpoint import atomic_save_checkpoint, load_into_network, read_checkpoint
 from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD
-from tests.helpers import ROOT, copy_class_folders, run_entry, run_in_process
+from tests.helpers import (
+    ROOT,
+    copy_class_folders,
+    run_in_process,
+    sigkill_train_when,
+    train_in_process,
+)
+from tests.interrupted_run import saved_steps
 
 SAMPLE = os.path.join(ROOT, "data", "cifar10_sample", "train")
 
@@ -312,29 +321,63 @@ def test_bad_distillation_input_named_nothing_written(tmp_path, teacher_file, ar
 
 # ---- end to end ----
 
+# ResNet-18 student, 16 real images of 2 classes at 32 px, batch 4: 4 steps, 1 epoch.
+STEPS_PER_EPOCH = 4
+
+
 @pytest.mark.slow
-def test_train_with_a_teacher_then_resume_with_another_refused(tmp_path):
-    """train.py distils for one epoch (8 images, batch 4): the records carry the loss parts,
-    the checkpoint holds no teacher tensor and the teacher's digest; a resume whose teacher
-    file changed is refused naming it (exit 2)."""
-    data = copy_class_folders(SAMPLE, str(tmp_path / "data"), 4, classes=["cat", "dog"])
+def test_train_with_a_teacher_killed_resumes_bit_exact_another_teacher_refused(tmp_path,
+                                                                               capsys):
+    """train.py distils a ResNet-50 teacher's pooled features (a 512 -> 2048 projection) into
+    a ResNet-18: killed with SIGKILL mid-epoch (saving every step) and resumed with
+    ``--resume_ckpt auto``, it ends bit-identical to an uninterrupted run (student, projection,
+    optimizer state; the records' loss parts); its checkpoints hold no teacher tensor and the
+    teacher's digest; a resume whose teacher file changed is refused naming it (exit 2)."""
+    data = copy_class_folders(SAMPLE, str(tmp_path / "data"), 8, classes=["cat", "dog"])
     teacher = str(tmp_path / "teacher.ckpt")
-    ms.save_checkpoint(create_network("resnet18", class_num=2), teacher)
-    out = str(tmp_path / "out")
+    ms.save_checkpoint(create_network("resnet50", class_num=2), teacher)
     common = ["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
               "--run_eval", "false", "--batch_size", "4", "--num_parallel_workers", "1",
-              "--class_num", "2", "--data_path", data, "--output_dir", out,
-              "--kd_teacher", teacher, "--epoch_size", "1", "--save_checkpoint_epochs", "1",
-              "--log_interval", "1"]
-    result = run_entry("train.py", *common, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads(open(os.path.join(out, "metrics.jsonl")).readline())
-    assert record["task_loss"] > 0 and record["distill_loss"] >= 0
-    assert "task_loss" in result.stdout + result.stderr
-    params = read_checkpoint(os.path.join(out, "resnet18-1_2.ckpt"))
-    assert not [n for n in params if n.startswith(("kd_teacher.", "kd_loss."))]
-    stored = json.loads(params["run_config"])
+              "--class_num", "2", "--data_path", data, "--kd_teacher", teacher,
+              "--kd_distill_type", "feature", "--epoch_size", "1",
+              "--save_checkpoint_epochs", "1", "--log_interval", "1"]
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    run = sigkill_train_when(
+        [*common, "--output_dir", killed, "--save_checkpoint_steps", "1"],
+        lambda: saved_steps(killed, STEPS_PER_EPOCH)[-1:] >= [2])
+    assert run.returncode == -signal.SIGKILL, f"not killed: exit {run.returncode}\n" \
+                                              f"{run.stderr[-3000:]}"
+    done = saved_steps(killed, STEPS_PER_EPOCH)
+    assert done[-1] % STEPS_PER_EPOCH, f"not killed mid-epoch: {done}"
+    assert "task_loss" in run.stdout + run.stderr
+    capsys.readouterr()
+    assert train_in_process(*common, "--output_dir", killed, "--resume_ckpt", "auto") == 0
+    assert f"{done[-1]} steps done" in capsys.readouterr().out
+    assert train_in_process(*common, "--output_dir", whole) == 0
+
+    records = {folder: [json.loads(line) for line in (folder / "metrics.jsonl").read_text()
+                        .splitlines()] for folder in (killed, whole)}
+    timing = ("time_s", "img_per_s")
+    assert [r["epoch"] for r in records[whole]] == [1]
+    assert all(r["task_loss"] > 0 and r["distill_loss"] > 0 for r in records[whole])
+    for again, reference in zip(records[killed], records[whole], strict=True):
+        assert {k: v for k, v in again.items() if k not in timing} == {
+            k: v for k, v in reference.items() if k not in timing}
+    final = f"resnet18-1_{STEPS_PER_EPOCH}.ckpt"
+    reference, params = (read_checkpoint(str(folder / final)) for folder in (whole, killed))
+    assert {"kd_proj.weight", "kd_proj.bias", "moments.kd_proj.weight"} <= set(reference)
+    assert not [n for n in reference if n.startswith(("kd_teacher.", "kd_loss."))]
+    assert set(params) == set(reference)
+    for name, value in reference.items():
+        if isinstance(value, str):  # the run's config (it says resume_ckpt auto), loss sums
+            assert name == "run_config" or params[name] == value, name
+        else:
+            np.testing.assert_array_equal(params[name].asnumpy(), value.asnumpy(), name)
+    stored = json.loads(reference["run_config"])
     assert stored["kd_teacher"] == teacher and len(stored["kd_teacher_sha256"]) == 64
-    ms.save_checkpoint(create_network("resnet18", class_num=2), teacher)  # another teacher
-    refused = run_in_process("train.py", *common, "--resume_ckpt", "auto")
+    assert json.loads(params["run_config"])["kd_teacher_sha256"] == stored["kd_teacher_sha256"]
+
+    ms.save_checkpoint(create_network("resnet50", class_num=2), teacher)  # another teacher
+    refused = run_in_process("train.py", *common, "--output_dir", killed, "--resume_ckpt",
+                             "auto")
     assert refused.returncode == 2 and "kd_teacher_sha256" in refused.stderr, refused.stderr

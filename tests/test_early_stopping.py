@@ -8,7 +8,7 @@ in test_distributed.py (``two_hosts``)."""
 import json
 import logging
 import os
-import shutil
+import signal
 
 import mindspore as ms
 import numpy as np
@@ -23,7 +23,8 @@ from src.training.early_stop import EarlyStop, Patience, ended_early, with_early
 from src.training.loop import track_run_end
 from src.utils.config import ConfigError, parse_config
 from src.utils.tracking import TensorBoardLog
-from tests.helpers import run_in_process, train_in_process
+from tests.helpers import run_in_process, sigkill_train_when, train_in_process
+from tests.interrupted_run import saved_steps
 
 
 def stop_epoch(scores, patience, min_delta=0.0, *, first_epoch=0, last_epoch=None):
@@ -228,6 +229,7 @@ PLATEAU = ["--config_path", "configs/quick_start.yaml", "--batch_size", "40",
            "--freeze_bn", "true", "--run_eval", "true", "--eval_interval", "1",
            "--save_checkpoint_epochs", "2", "--num_parallel_workers", "1",
            "--early_stopping_patience", "2"]
+STEPS_PER_EPOCH = 2
 
 
 @pytest.mark.slow
@@ -235,9 +237,9 @@ def test_a_plateau_stops_after_patience_and_a_resume_stops_at_the_same_epoch(
         cifar_small, tmp_path, capsys):
     """On 1 device: a run whose top-1 cannot move stops after patience + 1 evaluations (exit
     0, the epoch's checkpoint saved off the save cadence, the reason recorded last in
-    metrics.jsonl). The same run killed after the stop's record but before its checkpoint
-    (that checkpoint removed) and resumed stops at the same epoch, bit-exact. The stopped run
-    resumed trains nothing; resumed with a larger patience, it trains on to that patience."""
+    metrics.jsonl). The same run killed with SIGKILL mid-epoch 2 (after the evaluation the
+    count starts from) and resumed stops at the same epoch, bit-exact, with the same records.
+    The stopped run resumed trains nothing; resumed with a larger patience, it trains on."""
     args = [*PLATEAU, "--data_path", cifar_small["train"], "--eval_data_path",
             cifar_small["test"]]
     whole = tmp_path / "whole"
@@ -253,14 +255,29 @@ def test_a_plateau_stops_after_patience_and_a_resume_stops_at_the_same_epoch(
     assert "resnet18-best.ckpt" in event["checkpoint"]
     assert f"best epoch 1, top1 {epochs[0]['top1']:.6g}" in (whole / "train.log").read_text()
 
+    # The same run in a process of its own, saving every step, killed with SIGKILL once it
+    # has saved a step after epoch 1's evaluation (the reference of the count) and before the
+    # stopping epoch's checkpoint; resumed, it stops at the same epoch, bit-exact.
     killed = tmp_path / "killed"
-    shutil.copytree(whole, killed, ignore=shutil.ignore_patterns(final, "*.lock"))
+    run = sigkill_train_when(
+        [*args, "--output_dir", killed, "--save_checkpoint_steps", "1"],
+        lambda: saved_steps(killed, STEPS_PER_EPOCH)[-1:] >= [STEPS_PER_EPOCH + 1])
+    assert run.returncode == -signal.SIGKILL, f"not killed: exit {run.returncode}\n" \
+                                              f"{run.stderr[-3000:]}"
+    done = saved_steps(killed, STEPS_PER_EPOCH)
+    assert STEPS_PER_EPOCH < done[-1] < 3 * STEPS_PER_EPOCH, f"killed after step {done}"
+    capsys.readouterr()
     assert train_in_process(*args, "--output_dir", killed, "--resume_ckpt", "auto") == 0
+    assert f"{done[-1]} steps done" in capsys.readouterr().out
     resumed = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("event") or r["epoch"] for r in resumed] == [1, 2, 3, "early_stop"]
+    timing = ("time_s", "img_per_s")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in resumed[:-1]] == [
+        {k: v for k, v in r.items() if k not in timing} for r in epochs]  # loss, top-1, best
     assert resumed[-1] == dict(event, checkpoint=event["checkpoint"].replace("whole", "killed"))
     reference, again = (ms.load_checkpoint(str(folder / final)) for folder in (whole, killed))
     assert set(again) == set(reference)
+    assert any(n.startswith("moments.") for n in reference)  # the optimizer state too
     for name, value in reference.items():
         if name != "run_config":  # it says resume_ckpt auto
             if isinstance(value, str):
