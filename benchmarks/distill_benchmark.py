@@ -164,7 +164,9 @@ def main(argv=None):
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(text)
     with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump({"args": vars(args), "env": env, "results": results, "summary": summary},
+        # the output folder relative to the repository: no machine path in the results
+        recorded = dict(vars(args), output_dir=os.path.relpath(args.output_dir, ROOT))
+        json.dump({"args": recorded, "env": env, "results": results, "summary": summary},
                   f, indent=1)
     return 0
 
