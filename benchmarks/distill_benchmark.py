@@ -2,7 +2,7 @@
 step of a student with and without a frozen teacher inside it, in one harness run.
 
     python benchmarks/distill_benchmark.py                          # ResNet-18 student
-    python benchmarks/distill_benchmark.py --student resnet50 --teachers resnet101,resnet152
+    python benchmarks/distill_benchmark.py --student resnet50 --teachers resnet50,resnet101
 
 Each case runs in a fresh process that builds the training step as train.py does
 (``src.utils.config.parse_config`` then ``src.recipe.training_model``; the teacher from a
