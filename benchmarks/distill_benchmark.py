@@ -2,7 +2,7 @@
 step of a student with and without a frozen teacher inside it, in one harness run.
 
     python benchmarks/distill_benchmark.py                          # ResNet-18 student
-    python benchmarks/distill_benchmark.py --student resnet50 --teachers resnet101,resnet152
+    python benchmarks/distill_benchmark.py --student resnet50 --teachers resnet50,resnet101
 
 Each case runs in a fresh process that builds the training step as train.py does
 (``src.utils.config.parse_config`` then ``src.recipe.training_model``; the teacher from a
@@ -164,7 +164,9 @@ def main(argv=None):
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(text)
     with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump({"args": vars(args), "env": env, "results": results, "summary": summary},
+        # the output folder relative to the repository: no machine path in the results
+        recorded = dict(vars(args), output_dir=os.path.relpath(args.output_dir, ROOT))
+        json.dump({"args": recorded, "env": env, "results": results, "summary": summary},
                   f, indent=1)
     return 0
 

@@ -7,8 +7,11 @@ counted over the process) are multiplied by NaN before they reach the loss, so t
 alone computes a NaN loss at that step; the other ranks read their data untouched. (NaN
 images would not do: on CPU the first ReLU turns NaN into 0, the loss stays finite and only
 the gradients of the stem carry the NaN.)
+With ``--save_params DIR`` every rank writes the training cell's parameters (student,
+optimizer state, a distillation teacher's) after ``Model.train`` returns to
+``DIR/rank{R}.npz``: train.py saves checkpoints on rank 0 alone.
 
-    msrun ... tests/rank_fault.py [--nan_rank 1 --nan_batch 3] train.py ARGS...
+    msrun ... tests/rank_fault.py [--nan_rank 1 --nan_batch 3] [--save_params DIR] train.py ARGS...
 
 The product has no such hook: the data of the ranks comes from one shared folder, so a
 fault on one rank alone cannot be made by real data.
@@ -51,14 +54,35 @@ def poison_batch(rank, batch):
     Model.train = train_with_a_nan_batch
 
 
+def save_parameters(folder):
+    """Wrap ``Model.train`` so that, when it returns, this rank's training cell's parameters
+    (by name, as numpy arrays) go to ``folder/rank{RANK_ID}.npz``."""
+    import numpy as np
+    from mindspore.train import Model
+
+    train = Model.train
+
+    def train_and_save(self, *args, **kwargs):
+        result = train(self, *args, **kwargs)
+        os.makedirs(folder, exist_ok=True)
+        np.savez(os.path.join(folder, f"rank{os.environ.get('RANK_ID')}.npz"),
+                 **{p.name: p.asnumpy() for p in self._train_network.get_parameters()})
+        return result
+
+    Model.train = train_and_save
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--nan_rank", type=int, default=-1)
     parser.add_argument("--nan_batch", type=int, default=0)
+    parser.add_argument("--save_params", default="")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     poison_batch(args.nan_rank, args.nan_batch)
+    if args.save_params:
+        save_parameters(args.save_params)
     sys.argv = [args.script, *args.args]
     try:
         runpy.run_path(args.script, run_name="__main__")

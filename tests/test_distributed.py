@@ -576,30 +576,55 @@ open(os.path.join(last, "keep"), "w").close()
 """
 
 
+# A randomly initialized 10-class ResNet-18 saved as a .ckpt at argv[1]: a distillation teacher.
+WRITE_TEACHER = """import sys
+import mindspore as ms
+from src.models.resnet import create_network
+ms.set_seed(7)
+ms.save_checkpoint(create_network("resnet18", class_num=10), sys.argv[1])
+"""
+
+
+def file_sha256(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def launch_with_an_unwritable_last_checkpoint(root):
     """Rank 0's last checkpoint (step 8) cannot be written: a folder stands where the file
     goes, made once the checkpoint of step 2 exists (6 steps and an evaluation ahead); 260
-    images: 4 steps of 2 x 32 per epoch, 2 epochs, an evaluation each. Returns
-    {"returncode", "stdout", "stderr", "out"}."""
+    images: 4 steps of 2 x 32 per epoch, 2 epochs, an evaluation each. The run distils from a
+    ResNet-18 teacher (``teacher``, a .ckpt written first; ``teacher_sha256`` its file's
+    digest then) and each rank saves its training cell's parameters when ``Model.train``
+    returns (``params``: ``rank{R}.npz``, ``tests/rank_fault.py``). Returns {"returncode",
+    "stdout", "stderr", "out", "teacher", "teacher_sha256", "params"}."""
     train_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "train"), str(root / "t"), 26)
     eval_dir = copy_class_folders(os.path.join(CIFAR_SAMPLE, "test"), str(root / "e"), 5)
-    out = root / "unwritable"
+    out, params, teacher = root / "unwritable", root / "params", root / "teacher.ckpt"
+    subprocess.run([sys.executable, "-c", WRITE_TEACHER, str(teacher)], cwd=ROOT, check=True,
+                   capture_output=True, timeout=LAUNCH_TIMEOUT)
+    teacher_sha256 = file_sha256(teacher)
     first, last = (out / checkpoint_name("resnet18", step, 4) for step in (2, 8))
     blocker = subprocess.Popen([sys.executable, "-c", BLOCK_WHEN, str(first), str(last),
                                 str(LAUNCH_TIMEOUT)])
     proc = faulty_launch(out, train_dir, "--eval_data_path", eval_dir,
                          "--epoch_size", "2", "--run_eval", "true", "--eval_interval", "1",
-                         "--save_checkpoint_steps", "2", "--save_checkpoint_epochs", "1")
+                         "--save_checkpoint_steps", "2", "--save_checkpoint_epochs", "1",
+                         "--kd_teacher", str(teacher), "--task_loss_weight", "0.5",
+                         fault=("--save_params", str(params)))
     try:
         stdout, stderr = finish(proc, out, LAUNCH_TIMEOUT)
     finally:
         if blocker.poll() is None:
             blocker.kill()
         blocker.wait()
-    return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "out": out}
+    return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "out": out,
+            "teacher": teacher, "teacher_sha256": teacher_sha256, "params": params}
 
 
-# The launches of the fault scenarios, by the test that checks each.
+# The launches of the fault scenarios, by the test that checks each (a launch named twice runs
+# once, for both tests).
 FAULT_LAUNCHES = {
     "test_a_killed_worker_fails_the_launch_quickly": launch_killing_a_worker,
     "test_sigterm_to_one_worker_stops_every_rank_after_the_same_step_and_rank0_saves_it":
@@ -607,6 +632,8 @@ FAULT_LAUNCHES = {
     "test_a_nan_on_rank_1_alone_stops_both_ranks_with_status_3_after_that_step":
         launch_with_a_nan_on_rank_1,
     "test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with_status_4":
+        launch_with_an_unwritable_last_checkpoint,
+    "test_two_ranks_distill_each_from_its_own_frozen_teacher":
         launch_with_an_unwritable_last_checkpoint,
 }
 
@@ -625,8 +652,11 @@ def fault_launches(request, tmp_path_factory):
         yield {}
         return
     with ThreadPoolExecutor(max_workers=len(launches)) as pool:
-        yield {name: pool.submit(launch, tmp_path_factory.mktemp("fault"))
-               for name, launch in launches.items()}
+        started = {}
+        for launch in launches.values():
+            if launch not in started:
+                started[launch] = pool.submit(launch, tmp_path_factory.mktemp("fault"))
+        yield {name: started[launch] for name, launch in launches.items()}
 
 
 @pytest.mark.slow
@@ -731,6 +761,54 @@ def test_a_checkpoint_rank_0_cannot_write_at_the_last_step_stops_both_ranks_with
     assert [r["epoch"] for r in records] == [1, 2]  # both evaluations ran on both ranks
     for rank in range(2):
         assert not worker_log_lines(out, rank, "Traceback"), rank
+
+
+@pytest.mark.slow
+def test_two_ranks_distill_each_from_its_own_frozen_teacher(fault_launches):
+    """Knowledge distillation in data parallel (the launch of the unwritable checkpoint above,
+    with ``--kd_teacher`` a ResNet-18 .ckpt and ``--task_loss_weight 0.5``): both ranks train
+    with the teacher (task and distillation losses in their progress lines and in
+    metrics.jsonl); after the 8 steps the two ranks hold bit-identical student parameters and
+    optimizer state (the gradients all-reduced) though their batches differed (their last
+    loss parts differ); each rank's teacher tensors are still the file's (frozen, BatchNorm
+    statistics too: the teacher is not in the optimizer, so not in the all-reduce), the file
+    is unchanged, and rank 0's checkpoint holds the student alone."""
+    run = fault_launches["test_two_ranks_distill_each_from_its_own_frozen_teacher"].result()
+    out = run["out"]
+    for rank in range(2):
+        lines = [line for line in worker_log_lines(out, rank, "(global ") if " loss " in line]
+        assert len(lines) == 8, (rank, lines)  # log_interval 1: every step
+        assert all(" task_loss " in line and " distill_loss " in line for line in lines), lines
+    records = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        assert np.isfinite(r["task_loss"]) and r["distill_loss"] > 0, r
+    ranks = [np.load(run["params"] / f"rank{r}.npz") for r in range(2)]
+    assert sorted(ranks[0].files) == sorted(ranks[1].files)
+    teacher = {name: t.asnumpy() for name, t in ms.load_checkpoint(str(run["teacher"])).items()}
+    in_cell = [n for n in ranks[0].files if n.startswith("kd_teacher.")]
+    assert sorted(n.removeprefix("kd_teacher.") for n in in_cell) == sorted(teacher)
+    # no optimizer state (nor anything else) of the teacher's: not in the optimizer
+    assert not [n for n in ranks[0].files if "kd_teacher." in n and n not in in_cell]
+    # per rank: the last step's loss parts and the student's BatchNorm statistics (each rank
+    # its own batches; not all-reduced, as without a teacher)
+    own = [n for n in ranks[0].files if n.startswith("kd_loss.")
+           or n.endswith((".moving_mean", ".moving_variance")) and n not in in_cell]
+    assert len(own) == 2 + 2 * 20
+    assert all((ranks[0][n] != ranks[1][n]).any() for n in own)
+    student = [n for n in ranks[0].files if not n.startswith("kd_teacher.") and n not in own]
+    assert "conv1.weight" in student and "moments.fc.weight" in student
+    for name in student:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+    for name in in_cell:
+        for rank in range(2):
+            np.testing.assert_array_equal(ranks[rank][name],
+                                          teacher[name.removeprefix("kd_teacher.")],
+                                          err_msg=f"rank {rank} {name}")
+    assert file_sha256(run["teacher"]) == run["teacher_sha256"]
+    saved = ms.load_checkpoint(str(out / checkpoint_name("resnet18", 6, 4)))
+    assert "conv1.weight" in saved
+    assert not [n for n in saved if n.startswith(("kd_teacher.", "kd_loss."))]
 
 
 def test_launcher_usage_and_argument_errors(tmp_path):
