@@ -17,4 +17,4 @@ python export.py "${CONFIG[@]}" --checkpoint_path "$CKPT" --file_format MINDIR \
 python predict.py "${CONFIG[@]}" --checkpoint_path "$OUT/resnet18_quick_start.mindir" \
     --batch_size 1 --image_path data/cifar10_sample/test/ship \
     --class_names_path "$OUT/class_names.txt" --top_k 3
-echo "quick start done: checkpoint $CKPT, metrics $OUT/metrics.jsonl, eval $OUT/eval_result.json"
+echo "quick start done: checkpoint $CKPT, metrics $OUT/metrics.jsonl, eval $OUT/eval_result.json, report $OUT/report.html"
