@@ -124,11 +124,17 @@ def main(argv=None):
                             "eval_s": round(eval_s, 1), "args": extra,
                             "pretrained": pretrained if uses_weights else ""})
             print(json.dumps(results[-1]), flush=True)
-    name = f"results_seeds_{args.seeds.replace(',', '_')}.json"
-    with open(os.path.join(args.work_dir, name), "w") as f:
+    write_results(args.work_dir, args.seeds, results)
+    return 0
+
+
+def write_results(work_dir, seeds, results):
+    """``work_dir/results_seeds_<seeds>.json`` (``seeds`` as given, comma-separated), and
+    the Markdown table of ``summary_table`` printed."""
+    name = f"results_seeds_{seeds.replace(',', '_')}.json"
+    with open(os.path.join(work_dir, name), "w") as f:
         json.dump(results, f, indent=1)
     print(summary_table(results))
-    return 0
 
 
 def summary_table(results):

@@ -279,6 +279,40 @@ def test_safetensors_folder_teacher_with_its_own_normalization(tmp_path):
     assert tensors_digest(teacher) == tensors_digest(same)
 
 
+
+def test_hub_teacher_from_an_offline_cache(tmp_path, monkeypatch):
+    """``kd_teacher hf-hub:ORG/NAME`` with HF_HUB_OFFLINE=1, from a cache in huggingface_hub's
+    own layout: the same teacher as the folder it was made from (network, normalization,
+    tensors)."""
+    from huggingface_hub import constants
+    from safetensors.numpy import save_file
+
+    from src.deploy.publish import torchvision_state
+    from src.utils import hub
+    from tests.test_hub import add_to_hub_cache
+
+    net = create_network("resnet18", class_num=10)
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    save_file(torchvision_state(net), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "resnet18", "num_classes": 10,
+        "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+    cache = tmp_path / "cache"
+    add_to_hub_cache(str(cache), "someone/resnet18-teacher", str(folder))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub._download.cache_clear()
+    try:
+        teacher, arch, width = build_teacher("hf-hub:someone/resnet18-teacher", net_name="",
+                                             class_num=10, amp_level="O0",
+                                             device_target="CPU")
+    finally:
+        hub._download.cache_clear()
+    assert (arch, width) == ("resnet18", 512) and teacher.renormalize
+    assert tensors_digest(teacher) == tensors_digest(Teacher(net))
+
 def test_digest_changes_with_any_tensor():
     net = create_network("resnet18", class_num=10)
     first = tensors_digest(net)
