@@ -37,11 +37,11 @@ def exported(monkeypatch):
 
 @pytest.mark.parametrize("file_format,swapped", [("ONNX", True), ("AIR", True),
                                                  ("MINDIR", False)])
-def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swapped):
+def test_export_swaps_the_stem_pool_for_onnx_and_air(exported, file_format, swapped, tmp_path):
     net = create_network("resnet18", class_num=10)
     built = net.maxpool
     dummy = ms.Tensor(np.zeros((1, 3, 32, 32), np.float32))
-    export_model(net, dummy, "unused", file_format)
+    export_model(net, dummy, str(tmp_path / "unused"), file_format)
     [(fmt, pool)] = exported
     assert fmt == file_format
     assert isinstance(pool, MaxPoolPad1) if swapped else pool is built
