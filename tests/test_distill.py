@@ -250,20 +250,26 @@ def test_build_teacher_checks_network_and_class_count(tmp_path):
                       device_target="CPU")
 
 
-def test_safetensors_folder_teacher_with_its_own_normalization(tmp_path):
-    """A timm-form folder (model.safetensors in torchvision's names, config.json asking for
-    mean/std 0.5): loaded as the teacher, renormalized for; its digest is that of its tensors."""
+def timm_folder_teacher(folder):
+    """A random 10-class ResNet-18 and ``folder`` holding it in timm's form (model.safetensors in
+    torchvision's names, config.json asking for mean/std 0.5)."""
     from safetensors.numpy import save_file
 
     from src.deploy.publish import torchvision_state
 
     net = create_network("resnet18", class_num=10)
-    folder = tmp_path / "teacher"
     folder.mkdir()
     save_file(torchvision_state(net), str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({
         "architecture": "resnet18", "num_classes": 10,
         "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+    return net, folder
+
+
+def test_safetensors_folder_teacher_with_its_own_normalization(tmp_path):
+    """A timm-form folder (model.safetensors in torchvision's names, config.json asking for
+    mean/std 0.5): loaded as the teacher, renormalized for; its digest is that of its tensors."""
+    net, folder = timm_folder_teacher(tmp_path / "teacher")
     teacher, arch, _ = build_teacher(str(folder), net_name="resnet18", class_num=10,
                                      amp_level="O0", device_target="CPU")
     assert arch == "resnet18" and teacher.renormalize
@@ -285,19 +291,11 @@ def test_hub_teacher_from_an_offline_cache(tmp_path, monkeypatch):
     own layout: the same teacher as the folder it was made from (network, normalization,
     tensors)."""
     from huggingface_hub import constants
-    from safetensors.numpy import save_file
 
-    from src.deploy.publish import torchvision_state
     from src.utils import hub
     from tests.test_hub import add_to_hub_cache
 
-    net = create_network("resnet18", class_num=10)
-    folder = tmp_path / "teacher"
-    folder.mkdir()
-    save_file(torchvision_state(net), str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "architecture": "resnet18", "num_classes": 10,
-        "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+    net, folder = timm_folder_teacher(tmp_path / "teacher")
     cache = tmp_path / "cache"
     add_to_hub_cache(str(cache), "someone/resnet18-teacher", str(folder))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -17,6 +17,7 @@ from PIL import Image
 from src.training.lr_schedule import create_lr
 from src.utils.config import ConfigError
 from tests.helpers import run_in_process
+from tests.test_train_safety import ThreadGather
 
 
 class Params(dict):
@@ -223,29 +224,12 @@ def test_a_failing_picture_is_not_drawn_again(tmp_path, caplog):
 
 # ---- item 21b: an evaluation failing on one rank ----
 
-class Ranks:
-    """Collectives between threads standing for ranks: an all-gather and a sum; a rank
-    missing from one breaks it (``BrokenBarrierError``) instead of waiting for ever."""
-
-    def __init__(self, count):
-        self.barrier = threading.Barrier(count, timeout=20)
-        self.values = [None] * count
-
-    def gather(self, rank, value):
-        self.barrier.wait()
-        self.values[rank] = value
-        self.barrier.wait()
-        result = list(self.values)
-        self.barrier.wait()
-        return result
-
-
 def evaluate_on_ranks(counts):
     """An ``Evaluator`` per rank whose ``count`` returns ``counts[r]`` or raises it, its
     collectives between threads; returns what each rank's evaluation returned or raised."""
     from src.training.evaluator import EvalCounts, EvalShard, Evaluator
 
-    group = Ranks(len(counts))
+    group = ThreadGather(len(counts), timeout=20)
     outcomes = [None] * len(counts)
 
     def rank_main(rank):

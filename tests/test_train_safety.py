@@ -205,10 +205,12 @@ def test_atomic_save_flushes_the_file_before_the_rename_and_the_folder_after(tmp
 # ---- ranks agree on the resume checkpoint ----
 
 class ThreadGather:
-    """An all-gather between threads standing for ranks (each call is a collective)."""
+    """An all-gather between threads standing for ranks (each call is a collective); with a
+    ``timeout`` (s), a rank missing from one breaks it (``BrokenBarrierError``) instead of
+    leaving the others waiting for ever."""
 
-    def __init__(self, ranks):
-        self.barrier = threading.Barrier(ranks)
+    def __init__(self, ranks, timeout=None):
+        self.barrier = threading.Barrier(ranks, timeout=timeout)
         self.values = [None] * ranks
 
     def gather(self, rank, value):
