@@ -41,14 +41,15 @@ NON_NEGATIVE = ("save_checkpoint_steps", "warmup_epochs", "momentum", "weight_de
                 "lr_end", "label_smoothing", "device_id", "benchmark_steps", "sink_size",
                 "randaugment_num_ops", "mixup_alpha", "cutmix_alpha", "grad_clip_norm",
                 "linear_probe_epochs", "aug_repeats", "cam_images",
-                "early_stopping_patience", "distill_loss_weight", "task_loss_weight")
+                "early_stopping_patience", "distill_loss_weight", "task_loss_weight",
+                "asl_gamma_neg", "asl_gamma_pos")
 """Keys whose value must be >= 0."""
 UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_prob": "[0, 1]",
                  "label_smoothing": "[0, 1)", "ema_decay": "[0, 1)", "beta1": "[0, 1)",
                  "beta2": "[0, 1)", "bce_target_threshold": "[0, 1)",
                  "max_overflow_fraction": "[0, 1]", "layer_decay": "(0, 1]",
                  "val_split": "[0, 1)", "drop_path_rate": "[0, 1)",
-                 "early_stopping_min_delta": "[0, 1)"}
+                 "early_stopping_min_delta": "[0, 1)", "asl_clip": "[0, 1)"}
 """Keys whose value must lie in the given interval of [0, 1]."""
 UPPER_BOUNDS = {
     "epoch_size": (INT32_MAX, "MindSpore's optimizer step counter is int32"),
