@@ -37,6 +37,7 @@ import time
 
 import mindspore as ms
 import mindspore.nn as nn
+import numpy as np
 
 from src.data import pipeline
 from src.data.class_names import CIFAR10_CLASSES
@@ -45,19 +46,29 @@ from src.data.pipeline import class_names_of, count_images, image_folder_files
 from src.data.settings import Sampling
 from src.deploy import formats, gradcam
 from src.deploy.inference import load_network
+from src.deploy.multilabel_report import MultiLabelReport
+from src.deploy.outputs import model_thresholds, probabilities, write_thresholds
 from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.models.tta import with_tta
-from src.recipe import network_kwargs, resolve_eval_preprocess, resolve_tta, split_indices
-from src.training.loss import CrossEntropySmooth
+from src.recipe import (
+    eval_label_table,
+    network_kwargs,
+    resolve_eval_preprocess,
+    resolve_task,
+    resolve_tta,
+    split_indices,
+)
+from src.training.loss import CrossEntropySmooth, MultiLabelBCE
 from src.training.model import classification_metrics
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
+from src.utils.multilabel_metrics import tune_thresholds
 from src.utils.progress import Progress
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
@@ -152,10 +163,13 @@ def main(argv=None):
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
     preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
     resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
+    resolve_task(cfg)  # the model's recorded task (multiclass or multilabel) unless set
     formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before slow work
     if cfg.benchmark_steps:
         device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return benchmark_inference(cfg)
+    if cfg.task == "multilabel":
+        return evaluate_multilabel(cfg, preprocess)
     check_data_classes(cfg)
     indices = split_indices(cfg)  # None: every image of data_path
     # before the evaluation, not after it; created when the result is written (a run
@@ -216,6 +230,103 @@ def main(argv=None):
                                 "eval/loss": summary["loss"]})
             tracker.close()
     return 0
+
+
+def evaluate_multilabel(cfg, preprocess):
+    """eval.py for ``task multilabel`` (docs/multilabel.md): sigmoid scores of every image of
+    ``label_file`` (or ``split_file``'s), mAP and the per-class report at the model's
+    thresholds (``tune_thresholds``: tuned for F1 here and written beside the checkpoint);
+    ``eval_result.json``, ``per_class.csv`` / ``.md`` and ``pr_curves.png`` in output_dir.
+    Returns 0.
+
+    Raises:
+        ConfigError: ``tune_thresholds`` without a .ckpt; as ``eval_label_table``.
+    """
+    if cfg.tune_thresholds and formats.model_suffix(cfg.checkpoint_path) != ".ckpt":
+        raise ConfigError(f"tune_thresholds writes thresholds.json beside a .ckpt checkpoint; "
+                          f"{cfg.checkpoint_path} is not one (tune on the checkpoint, then "
+                          f"export it: the file records the thresholds)")
+    labels = eval_label_table(cfg)
+    indices = split_indices(cfg)  # None: every row of label_file
+    check_output_dir(cfg.output_dir, create=False)
+    device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
+    dataset = pipeline.create_dataset(cfg.data_path, preprocess, batch_size=cfg.batch_size,
+                                      sampling=Sampling(indices=indices), labels=labels,
+                                      num_parallel_workers=cfg.num_parallel_workers,
+                                      check_images=cfg.check_images)
+    total = count_images(cfg.data_path, is_training=False, indices=indices, labels=labels)
+    predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
+                                     cfg.batch_size, use_ema=cfg.use_ema,
+                                     device_target=cfg.device_target,
+                                     stem_pool_pad_mode=cfg.stem_pool_pad_mode,
+                                     runtime=cfg.runtime, tta=cfg.tta)
+    files = labels.files if indices is None else [labels.files[i] for i in indices]
+    thresholds = model_thresholds(cfg.checkpoint_path, cfg.class_num)
+    report = MultiLabelReport(labels.class_names, files, thresholds=thresholds)
+    start = time.time()
+    with readable_pipeline_errors(), Progress(total, "eval") as progress:
+        result = evaluate_scores(predict, dataset, cfg, progress, report)
+    seconds = time.time() - start
+    check_output_dir(cfg.output_dir)
+    if cfg.tune_thresholds:
+        tuned = tune_thresholds(report.scores, report.targets)
+        written = write_thresholds(os.path.dirname(cfg.checkpoint_path) or ".",
+                                   labels.class_names, tuned)
+        report = MultiLabelReport(labels.class_names, files, thresholds=tuned)
+        report.update(result["scores"], result["targets"])
+        print(f"thresholds tuned for F1 on these {result['images']} images: {written}")
+    details = report.summary()
+    summary = {"checkpoint_path": cfg.checkpoint_path,
+               "runtime": formats.model_runtime(cfg.checkpoint_path, cfg.runtime),
+               "tta": cfg.tta, "task": cfg.task, "data_path": cfg.data_path,
+               "label_file": cfg.label_file, "net_name": cfg.net_name,
+               "images": result["images"], "mAP": details["mAP"], "loss": result["loss"],
+               "time_s": round(seconds, 2)}
+    if cfg.split_file:
+        summary["split_file"] = cfg.split_file
+    print(json.dumps(summary, indent=1))
+    out = os.path.join(cfg.output_dir, "eval_result.json")
+    atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
+    tables = report.write_tables(cfg.output_dir)
+    print(f"mAP {details['mAP']:.4f}, exact match {details['exact_match']:.4f}, macro F1 "
+          f"{details['macro_f1']:.4f} over {summary['images']} images; {out}; per-class "
+          f"tables: {', '.join(tables)}")
+    picture = os.path.join(cfg.output_dir, "pr_curves.png")
+    try:
+        report.plot_pr_curves(picture)
+        print(f"precision-recall curves: {picture}")
+    except ImportError as err:
+        print(f"no pr_curves.png: {err}")
+    return 0
+
+
+def evaluate_scores(predict, dataset, cfg, progress, report):
+    """The sigmoid scores of ``predict`` over every batch of ``dataset`` (multi-hot targets)
+    given to ``report``, and the mean per-image loss (binary cross-entropy, the mean over the
+    classes).
+
+    Returns:
+        dict: ``loss``, ``images``, ``scores`` and ``targets`` (float32 (N, K)).
+
+    Raises:
+        ConfigError: If the model's class count is not ``cfg.class_num``.
+    """
+    loss_fn = MultiLabelBCE(cfg.class_num, reduction="none")
+    loss_sum, scores, targets = 0.0, [], []
+    for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
+        logits = predict(images)
+        if logits.shape[1] != cfg.class_num:
+            raise ConfigError(f"{cfg.checkpoint_path} outputs {logits.shape[1]} classes but "
+                              f"class_num is {cfg.class_num}")
+        losses = loss_fn(ms.Tensor(logits), ms.Tensor(labels)).asnumpy()
+        loss_sum += float(losses.astype(np.float64).sum())
+        scores.append(probabilities(logits, "multilabel"))
+        targets.append(labels)
+        report.update(scores[-1], labels)
+        progress.update(len(labels))
+    scores, targets = np.concatenate(scores), np.concatenate(targets)
+    return {"loss": loss_sum / len(scores), "images": len(scores), "scores": scores,
+            "targets": targets}
 
 
 def add_cam_overlays(cfg, misclassified, preprocess):

@@ -40,6 +40,7 @@ from src.recipe import (
     record_run_images,
     resolve_sink_size,
     run_split,
+    score_key,
     step_recipe,
     train_plan,
     training_model,
@@ -50,6 +51,7 @@ from src.training.best import (
     EvalKeepingBest,
     best_checkpoint_path,
     confusion_at_best,
+    stored_score,
 )
 from src.training.callbacks import (
     OptimizerStepCallbacks,
@@ -190,7 +192,8 @@ def stopped_early(cfg: Config, run: ResumedRun, steps_per_epoch: int,
              "nothing to train; best epoch %d, %s %.6g: %s; a larger "
              "--early_stopping_patience or --overwrite true trains on", cfg.output_dir, epoch,
              stored["epoch"], run.best["epoch"],
-             "ema_top1" if cfg.best_on_ema and cfg.ema_decay else "top1", run.best["top1"],
+             ("ema_" if cfg.best_on_ema and cfg.ema_decay else "") + score_key(cfg),
+             stored_score(run.best),
              best_checkpoint_path(cfg.output_dir, cfg.net_name))
     return True
 
@@ -279,7 +282,8 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
     evaluator = best = None
     if cfg.run_eval:
         best = BestCheckpoint(best_checkpoint_path(cfg.output_dir, cfg.net_name),
-                              on_ema=cfg.best_on_ema and ema is not None, write=is_main)
+                              on_ema=cfg.best_on_ema and ema is not None, write=is_main,
+                              key=score_key(cfg))
         best.restore(run.best, run.folder_best)  # the checkpoints' best, not metrics.jsonl's
         shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
         evaluator = build_evaluator(cfg, model=model, net=net, ema=ema, shard=shard,
@@ -302,7 +306,8 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
     patience = early = None
     if best is not None and cfg.early_stopping_patience:
         patience = Patience(cfg.early_stopping_patience, cfg.early_stopping_min_delta,
-                            first_epoch=cfg.linear_probe_epochs, last_epoch=cfg.epoch_size)
+                            first_epoch=cfg.linear_probe_epochs, last_epoch=cfg.epoch_size,
+                            key=score_key(cfg))
         patience.restore((run.best or {}).get("early_stop"),
                          restart_at=run.start_step // steps_per_epoch if cfg.overwrite else None)
         early = EarlyStop(patience, best, state, steps_per_epoch=steps_per_epoch,

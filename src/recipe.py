@@ -4,6 +4,7 @@ style): training-config checks, network, training ``Model``, data settings and p
 evaluator, LP-FT's switch. Imported by the entry points, benchmarks and tests only.
 """
 import logging
+import os
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -13,17 +14,25 @@ import mindspore.dataset as ds
 import mindspore.nn as nn
 import numpy as np
 
-from src.data.class_names import CIFAR10_CLASSES
+from src.data.class_names import (
+    CIFAR10_CLASSES,
+    CLASS_NAMES_FILE,
+    model_class_names,
+    read_class_names,
+)
 from src.data.mixing import BatchMixer
+from src.data.multilabel import LabelTable, label_file_classes, multilabel_split, read_label_file
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.sampling import balanced_class_weights, class_counts
 from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.split import (
+    FolderSplit,
     checked_split,
     held_out_fraction,
     read_split_file,
     split_image_folder,
     training_labels,
+    write_split_files,
 )
 from src.deploy.formats import TTA_KEY, recorded_tta
 from src.models.freeze import set_trainable
@@ -36,8 +45,9 @@ from src.training.distill import (
     loss_weights,
     tensors_digest,
 )
-from src.training.evaluator import EvalShard, Evaluator
+from src.training.evaluator import EvalShard, Evaluator, MultiLabelEvaluator
 from src.training.loop import TrainPlan
+from src.training.loss import pos_weights
 from src.training.model import (
     StepRecipe,
     build_model,
@@ -83,6 +93,7 @@ def check_train_config(cfg: Config) -> None:
                           f"evaluation during training: set run_eval true (with "
                           f"eval_data_path or val_split), or early_stopping_patience 0")
     check_split_and_balance(cfg)
+    check_task(cfg)
     parse_profile_steps(cfg.profile_steps)
     if cfg.linear_probe_epochs >= cfg.epoch_size:
         raise ConfigError(f"linear_probe_epochs {cfg.linear_probe_epochs} leaves no epoch to "
@@ -112,6 +123,55 @@ def check_split_and_balance(cfg: Config) -> None:
             raise ConfigError(f"{key} {value} needs dataset imagefolder: the cifar10 binary "
                               f"release comes split (test_batch.bin, for eval_data_path) and "
                               f"balanced (5000 training images per class)")
+
+
+MULTILABEL_DEFAULTS = {"loss": "bce", "label_smoothing": 0.0}
+"""What ``task multilabel`` changes in the keys the user did not set."""
+
+
+def check_task(cfg: Config) -> None:
+    """The keys of ``task``: multiclass refuses the multi-label keys; multilabel takes
+    ``MULTILABEL_DEFAULTS`` for the keys not set (logged) and refuses what it cannot train.
+
+    Raises:
+        ConfigError: Naming the key and value.
+    """
+    if cfg.task != "multilabel":
+        for key in ("label_file", "eval_label_file"):
+            if cfg[key]:
+                raise ConfigError(f"{key} {cfg[key]} is read with task multilabel only (task is "
+                                  f"{cfg.task}): set --task multilabel, or leave {key} empty")
+        if cfg.loss == "asl":
+            raise ConfigError("loss asl (the asymmetric loss of multi-label training) needs "
+                              "task multilabel; multiclass takes ce or bce")
+        return
+    cfg.fill_unset(MULTILABEL_DEFAULTS, "task multilabel")
+    refusals = (
+        (not cfg.label_file, "label_file is empty: give the CSV of data_path's images and their "
+                             "labels (docs/multilabel.md)"),
+        (cfg.dataset != "imagefolder", f"dataset {cfg.dataset} has one label per image: use "
+                                       f"dataset imagefolder with label_file"),
+        (cfg.loss not in ("bce", "asl"), f"loss {cfg.loss} is a softmax loss: task multilabel "
+                                         f"takes bce or asl"),
+        (cfg.label_smoothing != 0, f"label_smoothing {cfg.label_smoothing}: task multilabel "
+                                   f"takes no label smoothing (set 0)"),
+        (cfg.class_balance == "sampler", "class_balance sampler draws by class, which a "
+                                         "multi-label image does not have: use class_balance "
+                                         "loss (pos_weight) or none"),
+        (bool(cfg.kd_teacher), f"kd_teacher {cfg.kd_teacher}: knowledge distillation (a softmax "
+                               f"KL divergence) is for task multiclass"),
+        (bool(cfg.run_eval and cfg.eval_data_path and not cfg.eval_label_file),
+         f"eval_data_path {cfg.eval_data_path} needs eval_label_file with task multilabel"),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise ConfigError(f"task multilabel: {message}")
+
+
+def score_key(cfg: Config) -> str:
+    """The score the best checkpoint and early stopping follow: top-1, or mAP for
+    ``task multilabel``."""
+    return "mAP" if cfg.task == "multilabel" else "top1"
 
 
 def resolve_sink_size(cfg: Config, steps_per_epoch: int) -> int:
@@ -163,9 +223,13 @@ def optimizer_kwargs(cfg: Config) -> dict[str, Any]:
 def loss_kwargs(cfg: Config) -> dict[str, Any]:
     """Keywords of ``create_loss`` besides ``label_smoothing`` and ``class_num``: the loss, soft
     targets with mixup/CutMix, the ``class_balance loss`` weights (``loss_class_weights``)."""
-    return dict(loss=cfg.loss, bce_target_threshold=cfg.bce_target_threshold,
-                soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),
-                class_weights=loss_class_weights(cfg))
+    kwargs = dict(loss=cfg.loss, bce_target_threshold=cfg.bce_target_threshold,
+                  soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),
+                  class_weights=loss_class_weights(cfg))
+    if cfg.task == "multilabel":
+        kwargs.update(task=cfg.task, asl_gamma_neg=cfg.asl_gamma_neg,
+                      asl_gamma_pos=cfg.asl_gamma_pos, asl_clip=cfg.asl_clip)
+    return kwargs
 
 
 def loss_class_weights(cfg: Config) -> np.ndarray | None:
@@ -180,6 +244,8 @@ def loss_class_weights(cfg: Config) -> np.ndarray | None:
         return None
     if cfg.benchmark_steps:
         return np.ones(cfg.class_num, np.float32)
+    if cfg.task == "multilabel":
+        return multilabel_pos_weight(cfg)
     labels = training_labels(cfg.data_path, held_out(cfg), cfg.seed)
     return balanced_class_weights(class_counts(labels, cfg.class_num))
 
@@ -325,7 +391,11 @@ def build_evaluator(cfg: Config, *, model: ms.train.Model, net: nn.Cell, ema: We
     if ema is not None:
         ema_net = ms.amp.auto_mixed_precision(
             create_network(**network_kwargs(cfg)), amp_level)
-        ema_model = eval_model(ema_net, amp_level, cfg.label_smoothing, cfg.class_num)
+        ema_model = eval_model(ema_net, amp_level, cfg.label_smoothing, cfg.class_num,
+                               loss_kwargs=loss_kwargs(cfg) if cfg.task == "multilabel"
+                               else None)
+    if cfg.task == "multilabel":
+        return MultiLabelEvaluator(model, shard, net, ema=ema, ema_model=ema_model)
     return Evaluator(model, shard, net, ema=ema, ema_model=ema_model, class_num=cfg.class_num,
                      confusion_of=confusion_of)
 
@@ -430,17 +500,22 @@ def build_data(cfg: Config, rank: int, device_num: int) -> TrainData:
                      batch_size=cfg.batch_size, num_parallel_workers=cfg.num_parallel_workers,
                      check_images=cfg.check_images)
     shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
+    labels = label_tables(cfg) if cfg.task == "multilabel" else None
+    if labels is not None:
+        data_args = dict(data_args, labels=labels[0])
     train_indices, eval_args = None, data_args
     if held_out(cfg):  # eval_data_path, if given, wins over val_split
-        split = split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
+        split = data_split(cfg)
         train_indices, eval_args = split.train, dict(data_args, sampling=Sampling(
             indices=split.val))
+    elif labels is not None and labels[1] is not None:
+        eval_args = dict(data_args, labels=labels[1])
     train_args = dict(data_args, settings=train_augment(cfg), sampling=Sampling(
         indices=train_indices, balance_classes=cfg.class_balance == "sampler", **shards))
     train_set = create_dataset(cfg.data_path, **train_args)
     batches = train_set.get_dataset_size()
     train_images = count_images(cfg.data_path, is_training=True, dataset=cfg.dataset,
-                                indices=train_indices)
+                                indices=train_indices, labels=data_args.get("labels"))
     steps_per_epoch = batches // cfg.grad_accumulation_steps
     if steps_per_epoch == 0:
         raise ConfigError(f"data_path {cfg.data_path} gives {batches} full batches of "
@@ -454,11 +529,13 @@ def build_data(cfg: Config, rank: int, device_num: int) -> TrainData:
                           f"int32 step counter holds; lower epoch_size")
     class_names = (class_names_of(cfg.data_path) if cfg.dataset == "imagefolder"
                    else CIFAR10_CLASSES)
+    if labels is not None:
+        class_names = labels[0].class_names
     if len(class_names) != cfg.class_num:
         raise ConfigError(f"data_path {cfg.data_path} has {len(class_names)} classes but "
                           f"class_num is {cfg.class_num}")
-    if cfg.run_eval and cfg.eval_data_path and cfg.dataset == "imagefolder" and class_names_of(
-            cfg.eval_data_path) != class_names:
+    if cfg.run_eval and cfg.eval_data_path and labels is None and cfg.dataset == "imagefolder" \
+            and class_names_of(cfg.eval_data_path) != class_names:
         raise ConfigError(f"eval_data_path {cfg.eval_data_path} has other class folders than "
                           f"data_path {cfg.data_path}: labels would not match")
     return TrainData(data_args=data_args, train_args=train_args, eval_args=eval_args,
@@ -523,7 +600,9 @@ def run_split(cfg: Config, continues_here: bool, write: bool) -> tuple:
     val_split = held_out(cfg) if cfg.dataset == "imagefolder" else 0.0
     return checked_split(cfg.data_path, val_split, cfg.seed, output_dir=cfg.output_dir,
                          compare=write and continues_here,
-                         allow_change=cfg.resume_ignore_config)
+                         allow_change=cfg.resume_ignore_config,
+                         split=data_split(cfg) if val_split and cfg.task == "multilabel"
+                         else None)
 
 
 def record_run_images(cfg: Config, *, continues_here: bool, class_names: list[str], write: bool,
@@ -532,6 +611,10 @@ def record_run_images(cfg: Config, *, continues_here: bool, class_names: list[st
     ``output_dir`` (``record_training_images``); ``checked``: ``run_split``'s result if called
     already. Raises as ``run_split``, or ``WriteError``."""
     if cfg.dataset != "imagefolder":
+        return
+    if cfg.task == "multilabel":
+        record_label_file_images(cfg, write=write, log=log,
+                                 checked=checked or run_split(cfg, continues_here, write))
         return
     if cfg.val_split and not held_out(cfg):
         log.warning("val_split %g not applied: eval_data_path %s is given and wins (every image "
@@ -554,4 +637,125 @@ def split_indices(cfg: Config) -> list[int] | None:
     if cfg.dataset != "imagefolder":
         raise ConfigError(f"split_file {cfg.split_file} needs dataset imagefolder, got "
                           f"{cfg.dataset}")
+    if cfg.task == "multilabel":
+        return read_split_file(cfg.split_file, cfg.data_path,
+                               listed=eval_label_table(cfg).paths)
     return read_split_file(cfg.split_file, cfg.data_path)
+
+
+# ---- multi-label data (task multilabel): label files, their split and class weights ----
+
+_TABLES = {}  # (label_file, data_path, check_images, class names) -> (file's mtime, LabelTable)
+
+
+def label_table(label_file: str, data_path: str, class_names: list[str],
+                check_images: bool) -> LabelTable:
+    """``read_label_file`` of ``label_file``, read once per process while the file is
+    unchanged."""
+    key = (label_file, data_path, check_images, tuple(class_names))
+    mtime = os.stat(label_file).st_mtime_ns if os.path.isfile(label_file) else None
+    cached = _TABLES.get(key)
+    if cached is None or cached[0] != mtime:
+        cached = _TABLES[key] = (mtime, read_label_file(
+            label_file, data_path, class_names=class_names, check_images=check_images))
+    return cached[1]
+
+
+def label_classes(cfg: Config) -> list[str]:
+    """The class list of ``label_file``: ``class_names.txt`` beside it when present, else the
+    sorted set of its names (``label_file_classes``).
+
+    Raises:
+        ConfigError: If they are not ``class_num``. LabelFileError: An unreadable file.
+    """
+    names_file = os.path.join(os.path.dirname(cfg.label_file), CLASS_NAMES_FILE)
+    from_file = os.path.isfile(names_file)
+    names = read_class_names(names_file) if from_file else label_file_classes(cfg.label_file)
+    if len(names) != cfg.class_num:
+        source = names_file if from_file else f"the names used in label_file {cfg.label_file}"
+        raise ConfigError(f"{source}: {len(names)} classes but class_num is {cfg.class_num}")
+    return names
+
+
+def label_tables(cfg: Config) -> tuple[LabelTable, LabelTable | None]:
+    """The training label table of ``label_file`` over ``data_path`` and, with ``run_eval``
+    and ``eval_data_path``, the eval one of ``eval_label_file`` (same classes).
+
+    Raises:
+        ConfigError: As ``label_classes``. LabelFileError: As ``read_label_file``.
+    """
+    names = label_classes(cfg)
+    train = label_table(cfg.label_file, cfg.data_path, names, cfg.check_images)
+    evaluated = None
+    if cfg.run_eval and cfg.eval_data_path:
+        evaluated = label_table(cfg.eval_label_file, cfg.eval_data_path, names,
+                                cfg.check_images)
+    return train, evaluated
+
+
+def data_split(cfg: Config) -> FolderSplit:
+    """The ``val_split`` of ``data_path``: stratified by class folder, or for ``task
+    multilabel`` by iterative stratification of the label file's rows (``multilabel_split``)."""
+    if cfg.task != "multilabel":
+        return split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
+    table = label_tables(cfg)[0]
+    try:
+        train, val = multilabel_split(table.targets, cfg.val_split, cfg.seed)
+    except ValueError as err:
+        raise ConfigError(f"val_split {cfg.val_split} of label_file {cfg.label_file}: {err}"
+                          ) from err
+    return FolderSplit([(path, -1) for path in table.paths], train, val)
+
+
+def multilabel_pos_weight(cfg: Config) -> np.ndarray:
+    """``class_balance loss`` of ``task multilabel``: each class's negatives / positives over
+    the images the run trains on (``pos_weights``; torch's ``BCEWithLogitsLoss`` rule).
+
+    Raises:
+        ConfigError: For a class with no positive or no negative training image.
+    """
+    targets = label_tables(cfg)[0].targets
+    if held_out(cfg):
+        targets = targets[data_split(cfg).train]
+    try:
+        return pos_weights(targets)
+    except ValueError as err:
+        raise ConfigError(f"class_balance loss of label_file {cfg.label_file}: {err}") from err
+
+
+def record_label_file_images(cfg: Config, *, write: bool, log: logging.Logger,
+                             checked: tuple) -> None:
+    """``task multilabel``: the ``val_split`` lists (``checked``: ``run_split``'s result) written
+    when ``write``, and the training images' positives per class in the log."""
+    split, changed = checked
+    table = label_tables(cfg)[0]
+    targets = table.targets
+    if split is not None:
+        if changed:
+            log.warning("resume_ignore_config: the split changed; %s rewritten", ", ".join(changed))
+        if write:
+            write_split_files(cfg.output_dir, cfg.data_path, split)
+        log.info("val_split %g: %d images train, %d held out (iterative stratification)",
+                 cfg.val_split, len(split.train), len(split.val))
+        targets = targets[split.train]
+    positives = targets.sum(axis=0)
+    log.info("training images %d, labels per image %.2f; positives per class: %s",
+             len(targets), float(targets.sum()) / max(1, len(targets)),
+             ", ".join(f"{name} {int(n)}" for name, n in zip(table.class_names, positives)))
+
+
+def eval_label_table(cfg: Config) -> LabelTable:
+    """eval.py's ``task multilabel`` data: ``label_file`` over ``data_path`` in the model's class
+    order (``model_class_names``: ``class_names_path``, Hub weights' label names, the
+    ``class_names.txt`` beside the checkpoint), else the label file's (``label_classes``).
+
+    Raises:
+        ConfigError: Without ``label_file``; as ``label_classes``. LabelFileError: As
+            ``read_label_file``.
+    """
+    if not cfg.label_file:
+        raise ConfigError("task multilabel: label_file is empty: give the CSV of data_path's "
+                          "images and their labels (docs/multilabel.md)")
+    names = (model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
+             or label_classes(cfg))
+    return label_table(cfg.label_file, cfg.data_path, names, cfg.check_images)

@@ -107,9 +107,11 @@ def write_split_files(output_dir: str, data_path: str, split: FolderSplit) -> tu
     return tuple(written)
 
 
-def read_split_file(split_file: str, data_path: str, key: str = "split_file") -> np.ndarray:
-    """Ascending int64 positions into ``image_folder_files(data_path)`` of the images a split
-    file (``write_split_files``) lists; ``key`` names the file in messages.
+def read_split_file(split_file: str, data_path: str, key: str = "split_file", *,
+                    listed: list[str] | None = None) -> np.ndarray:
+    """Ascending int64 positions into ``image_folder_files(data_path)`` (or ``listed``: the
+    paths of a label file's rows) of the images a split file (``write_split_files``) lists;
+    ``key`` names the file in messages.
 
     Raises:
         MissingFileError: If ``split_file`` does not exist.
@@ -125,8 +127,8 @@ def read_split_file(split_file: str, data_path: str, key: str = "split_file") ->
         raise ConfigError(f"{key} {split_file}: not UTF-8 text ({err.reason})") from err
     if not lines:
         raise ConfigError(f"{key} {split_file} lists no image")
-    position = {relative_path(path, data_path): i
-                for i, (path, _) in enumerate(image_folder_files(data_path))}
+    paths = listed if listed is not None else [path for path, _ in image_folder_files(data_path)]
+    position = {relative_path(path, data_path): i for i, path in enumerate(paths)}
     unknown = [line for line in lines if line not in position]
     if unknown:
         raise ConfigError(f"{key} {split_file}: {len(unknown)} of its {len(lines)} paths are "
@@ -170,17 +172,18 @@ def changed_split_files(output_dir: str, data_path: str, split: FolderSplit) -> 
 
 
 def checked_split(data_path: str, val_split: float, seed: int, *, output_dir: str = "",
-                  compare: bool = False, allow_change: bool = False
-                  ) -> tuple[FolderSplit | None, list[str]]:
-    """The run's split (None for ``val_split`` 0) and, with ``compare``, the names of the lists
-    in ``output_dir`` it changes (``changed_split_files``); writes nothing.
+                  compare: bool = False, allow_change: bool = False,
+                  split: FolderSplit | None = None) -> tuple[FolderSplit | None, list[str]]:
+    """The run's split (None for ``val_split`` 0; ``split``: made already, e.g. of a label
+    file) and, with ``compare``, the names of the lists in ``output_dir`` it changes
+    (``changed_split_files``); writes nothing.
 
     Raises:
         ConfigError: If the split changed, unless ``allow_change``; as ``split_image_folder``.
     """
     if not val_split:
         return None, []
-    split = split_image_folder(data_path, val_split, seed)
+    split = split or split_image_folder(data_path, val_split, seed)
     changed = changed_split_files(output_dir, data_path, split) if compare else []
     if changed and not allow_change:
         raise ConfigError(f"val_split {val_split} with seed {seed} now splits "

@@ -15,6 +15,23 @@ if TYPE_CHECKING:
     from src.training.evaluator import Evaluator
 
 
+SCORE_KEYS = ("top1", "mAP")
+"""The names a stored best score goes by: top-1 (``task multiclass``) or mAP (``multilabel``)."""
+
+
+def stored_score(stored: dict) -> float:
+    """The score of a stored best (``BestCheckpoint.score``, ``Patience.state``), under
+    whichever of ``SCORE_KEYS`` it holds.
+
+    Raises:
+        KeyError: If it holds none of them.
+    """
+    for key in SCORE_KEYS:
+        if key in stored:
+            return float(stored[key])
+    raise KeyError(f"a stored best score needs one of {', '.join(SCORE_KEYS)}, got {stored}")
+
+
 def best_checkpoint_path(output_dir: str, prefix: str) -> str:
     """The run's best checkpoint: ``output_dir/PREFIX-best.ckpt``."""
     return os.path.join(output_dir, f"{prefix}-best.ckpt")
@@ -28,13 +45,14 @@ class BestCheckpoint:
 
     Args:
         path (str): Where the checkpoint is written (atomically).
-        on_ema (bool): Choose by ``ema_top1`` instead of ``top1``.
+        on_ema (bool): Choose by the EMA's score (``ema_top1``) instead of the live one's.
         write (bool): This process writes (rank 0).
+        key (str): The score: ``top1``, or ``mAP`` for multi-label (``SCORE_KEYS``).
     """
 
-    def __init__(self, path: str, on_ema: bool = False, write: bool = True):
-        self.path, self.write = path, write
-        self.metric = "ema_top1" if on_ema else "top1"
+    def __init__(self, path: str, on_ema: bool = False, write: bool = True, key: str = "top1"):
+        self.path, self.write, self.key = path, write, key
+        self.metric = f"ema_{key}" if on_ema else key
         self.top1 = -1.0
         self.epoch = None
         self.is_new = False  # whether the last evaluation set a new best
@@ -44,7 +62,7 @@ class BestCheckpoint:
     def score(self) -> dict | None:
         """The best so far, for the periodic checkpoints: ``{"top1", "epoch"}``, or None
         before the first evaluation."""
-        return None if self.epoch is None else {"top1": self.top1, "epoch": self.epoch}
+        return None if self.epoch is None else {self.key: self.top1, "epoch": self.epoch}
 
     def restore(self, stored: dict | None, in_folder: dict | None = None) -> None:
         """Continue a resumed run from the higher of ``stored`` (the resumed
@@ -52,10 +70,10 @@ class BestCheckpoint:
         ``stored`` on a tie); either may be None."""
         best = stored
         if in_folder is not None and (stored is None
-                                      or float(in_folder["top1"]) > float(stored["top1"])):
+                                      or stored_score(in_folder) > stored_score(stored)):
             best = in_folder
         if best is not None:
-            self.top1, self.epoch = float(best["top1"]), int(best["epoch"])
+            self.top1, self.epoch = stored_score(best), int(best["epoch"])
 
     def update(self, metrics: dict[str, float], epoch: int, network: nn.Cell) -> bool:
         """Take the evaluation ``metrics`` after ``epoch`` (1-based): if
@@ -82,7 +100,7 @@ class BestCheckpoint:
         """An epoch record's evaluation part: ``metrics`` with ``best_top1`` (the best so far)
         before ``eval_images``."""
         record = {key: value for key, value in metrics.items() if key != "eval_images"}
-        record["best_top1"] = self.top1
+        record[f"best_{self.key}"] = self.top1
         if "eval_images" in metrics:
             record["eval_images"] = metrics["eval_images"]
         return record

@@ -252,7 +252,8 @@ EPOCH_TAGS = {"loss": "epoch/train_loss", "lr": "epoch/lr", "img_per_s": "epoch/
               "time_s": "epoch/time_s", "top1": "eval/top1", "top5": "eval/top5",
               "eval_loss": "eval/loss", "ema_top1": "eval/ema_top1", "ema_top5": "eval/ema_top5",
               "ema_eval_loss": "eval/ema_loss", "best_top1": "eval/best_top1",
-              "task_loss": "epoch/train_task_loss", "distill_loss": "epoch/train_distill_loss"}
+              "task_loss": "epoch/train_task_loss", "distill_loss": "epoch/train_distill_loss",
+              "mAP": "eval/mAP", "ema_mAP": "eval/ema_mAP", "best_mAP": "eval/best_mAP"}
 """TensorBoard tag of each number of an epoch record (``metrics.jsonl``)."""
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from mindspore.train import Callback, RunContext
 
-from src.training.best import BestCheckpoint
+from src.training.best import BestCheckpoint, stored_score
 from src.training.callbacks import NOT_WRITTEN, StepState
 from src.utils.errors import WriteError
 from src.utils.files import append_line
@@ -26,11 +26,12 @@ class Patience:
         min_delta (float): >= 0.
         first_epoch (int): The last epoch not counted (0 = every epoch counts).
         last_epoch (int): The run's last epoch (it ends there anyway).
+        key (str): The score's name in ``state()`` (``src.training.best.SCORE_KEYS``).
     """
 
     def __init__(self, patience: int, min_delta: float = 0.0, *, first_epoch: int = 0,
-                 last_epoch: int | None = None):
-        self.patience, self.min_delta = patience, min_delta
+                 last_epoch: int | None = None, key: str = "top1"):
+        self.patience, self.min_delta, self.key = patience, min_delta, key
         self.first_epoch, self.last_epoch = first_epoch, last_epoch
         self.score = self.epoch = None  # the reference: score and its 1-based epoch
         self.stopped = None  # the epoch whose evaluation stopped the run
@@ -46,17 +47,17 @@ class Patience:
         return self.stopped == epoch
 
     def state(self) -> dict | None:
-        """For the checkpoints: ``{"top1", "epoch", "stopped"}`` (the reference; the stopping
+        """For the checkpoints: ``{key, "epoch", "stopped"}`` (the reference; the stopping
         epoch or None), or None before the first counted evaluation."""
         if self.epoch is None:
             return None
-        return {"top1": self.score, "epoch": self.epoch, "stopped": self.stopped}
+        return {self.key: self.score, "epoch": self.epoch, "stopped": self.stopped}
 
     def restore(self, stored: dict | None, *, restart_at: int | None = None) -> None:
         """Continue from ``stored`` (``state()``, or None); if it stopped at epoch
         ``restart_at``, count from there again (a stopped run extended with ``--overwrite``)."""
         if stored is not None:
-            self.score, self.epoch = float(stored["top1"]), int(stored["epoch"])
+            self.score, self.epoch = stored_score(stored), int(stored["epoch"])
             if restart_at is not None and stored.get("stopped") == restart_at:
                 self.epoch = restart_at
 

@@ -17,11 +17,13 @@ from src.data.settings import Sampling
 from src.training.train_step import WeightEma
 from src.utils.device import (
     all_gather_int,
+    all_gather_rows,
     broadcast_from_rank0,
     sum_ints_over_ranks,
     sum_over_ranks,
 )
 from src.utils.errors import UserError
+from src.utils.multilabel_metrics import mean_average_precision
 
 
 class EvalShard(NamedTuple):
@@ -29,7 +31,8 @@ class EvalShard(NamedTuple):
     ``label`` int32 (N,), N per device), ``image_count`` (its own rows first; the rest is the
     sampler's padding; None = all count) and the collectives that combine the shards
     (``src.utils.device``'s ``sum_ints_over_ranks``, ``broadcast_from_rank0``,
-    ``sum_over_ranks``, ``all_gather_int`` for the failures; None in one process)."""
+    ``sum_over_ranks``, ``all_gather_int`` for the failures, ``all_gather_rows`` for multi-label
+    scores; None in one process)."""
 
     dataset: object
     image_count: int | None = None
@@ -37,6 +40,7 @@ class EvalShard(NamedTuple):
     broadcast: Callable | None = None
     sum_arrays: Callable | None = None
     gather: Callable | None = None
+    gather_rows: Callable | None = None
 
 
 class EvalFailedOnRank(UserError):
@@ -72,7 +76,7 @@ def eval_shard(data_path: str, data_args: dict, num_shards: int | None = None,
     dataset = create_dataset(data_path, **dict(data_args, sampling=sampling))
     total = count_images(data_path, is_training=False,
                          dataset=data_args.get("dataset", "imagefolder"),
-                         indices=sampling.indices)
+                         indices=sampling.indices, labels=data_args.get("labels"))
     images, rows = shard_rows(total, num_shards, shard_id)
     batches = math.ceil(rows / data_args["batch_size"])
     if dataset.get_dataset_size() != batches:
@@ -80,7 +84,7 @@ def eval_shard(data_path: str, data_args: dict, num_shards: int | None = None,
                            f"{dataset.get_dataset_size()} batches, expected {batches} "
                            f"({rows} rows): the sampler's sharding changed")
     return EvalShard(dataset, images, sum_ints_over_ranks, broadcast_from_rank0, sum_over_ranks,
-                     all_gather_int)
+                     all_gather_int, all_gather_rows)
 
 
 class EvalCounts(NamedTuple):
@@ -239,13 +243,99 @@ class Evaluator:
                 param.set_data(averages[param.name].value())
             self.rank0_statistics(self.ema_model.predict_network)
             runs.append(self.agreed_count(self.ema_model, self.confusion_of == "ema_top1"))
-        runs = self.combine(runs)
-        live, images = runs[0], runs[0].images
-        result = {"top1": live.top1 / images, "top5": live.topk / images,
-                  "eval_loss": live.loss_sum / images}
-        if self.ema is not None:
-            ema = runs[1]
-            result.update(ema_top1=ema.top1 / images, ema_top5=ema.topk / images,
-                          ema_eval_loss=ema.loss_sum / images)
+        combined = self.combine(runs)
+        return dict(self.summarize(combined), eval_images=combined[0].images)
+
+    def summarize(self, runs: list[EvalCounts]) -> dict[str, float]:
+        """The result of the summed ``runs`` (live network, then the EMA's): top-1, top-5, mean
+        eval loss (``ema_`` ones for the EMA); sets ``confusion``."""
+        names = ("", "ema_")[:len(runs)]
         self.confusion = runs[-1 if self.confusion_of == "ema_top1" else 0].confusion
-        return dict(result, eval_images=images)
+        result = {}
+        for prefix, run in zip(names, runs):
+            result.update({f"{prefix}top1": run.top1 / run.images,
+                           f"{prefix}top5": run.topk / run.images,
+                           f"{prefix}eval_loss": run.loss_sum / run.images})
+        return result
+
+
+class ScoreSet(NamedTuple):
+    """What one network's multi-label evaluation kept on a shard (or gathered from all):
+    sigmoid scores float32 (n, K), multi-hot targets float32 (n, K), images n, the sum of the
+    per-image eval losses."""
+
+    scores: np.ndarray
+    targets: np.ndarray
+    images: int
+    loss_sum: float
+
+
+class ScoreCollector(Callback):
+    """``Model.eval`` callback keeping the sigmoid scores and targets of the first ``limit``
+    rows (a shard's padding must not count) and summing their per-image losses. Reads each
+    step's ``(loss (N,), logits (N, K), target (N, K))``."""
+
+    def __init__(self, limit: int | None = None):
+        super().__init__()
+        self.limit = limit
+        self.on_eval_begin(None)
+
+    def on_eval_begin(self, run_context: RunContext | None) -> None:
+        self.scores, self.targets, self.images, self.loss_sum = [], [], 0, 0.0
+
+    def on_eval_step_end(self, run_context: RunContext) -> None:
+        outputs = run_context.original_args().net_outputs
+        losses = outputs[0].asnumpy().reshape(-1)
+        logits, targets = outputs[1].asnumpy(), outputs[2].asnumpy()
+        keep = len(targets) if self.limit is None else max(0, min(len(targets),
+                                                                  self.limit - self.images))
+        self.scores.append(sigmoid(logits[:keep]))
+        self.targets.append(targets[:keep].astype(np.float32))
+        self.loss_sum += float(losses[:keep].astype(np.float64).sum())
+        self.images += keep
+
+    def counts(self) -> ScoreSet:
+        """The scores so far (``ScoreSet``)."""
+        classes = self.scores[0].shape[1] if self.scores else 0
+        stack = lambda rows: (np.concatenate(rows) if rows  # noqa: E731
+                              else np.zeros((0, classes), np.float32))
+        return ScoreSet(stack(self.scores), stack(self.targets), self.images, self.loss_sum)
+
+
+class MultiLabelEvaluator(Evaluator):
+    """``Evaluator`` of a multi-label network (``task multilabel``): mAP (scikit-learn's
+    macro average precision over the classes with a positive, ``src.utils.multilabel_metrics``)
+    and mean eval loss; in data parallel the scores of every rank are gathered and mAP is
+    computed once over the whole eval set (docs/multilabel.md)."""
+
+    def count(self, model: Model, confusion: bool = False) -> ScoreSet:
+        """``ScoreSet`` of ``model`` on this process's shard (no confusion matrix)."""
+        collector = ScoreCollector(self.shard.image_count)
+        model.eval(self.shard.dataset, callbacks=[collector], dataset_sink_mode=False)
+        return collector.counts()
+
+    def combine(self, runs: list[ScoreSet]) -> list[ScoreSet]:
+        """``runs`` gathered from every rank (``gather_rows``); unchanged in one process."""
+        if self.shard.gather_rows is None:
+            return runs
+        losses = self.shard.sum_arrays(np.array([r.loss_sum for r in runs], np.float32))
+        out = []
+        for run, loss_sum in zip(runs, losses):
+            scores = self.shard.gather_rows(run.scores)
+            targets = self.shard.gather_rows(run.targets)
+            out.append(ScoreSet(scores, targets, len(scores), float(loss_sum)))
+        return out
+
+    def summarize(self, runs: list[ScoreSet]) -> dict[str, float]:
+        """``mAP`` and ``eval_loss`` of the gathered ``runs`` (``ema_`` ones for the EMA)."""
+        result = {}
+        for prefix, run in zip(("", "ema_"), runs):
+            result.update({f"{prefix}mAP": mean_average_precision(run.scores, run.targets),
+                           f"{prefix}eval_loss": run.loss_sum / run.images})
+        return result
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """The logistic function of float logits, float32, without overflow warnings."""
+    x = np.asarray(logits, np.float64)
+    return (0.5 * (1.0 + np.tanh(0.5 * x))).astype(np.float32)

@@ -190,6 +190,7 @@ def track_run_end(callbacks: TrainCallbacks, output_dir: str, config: dict) -> N
         epochs = [record for record in map(json.loads, lines) if "event" not in record]
         last = epochs[-1] if epochs else {}
     metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
-                                                       "ema_top1") if key in last}
+                                                       "ema_top1", "mAP", "best_mAP", "ema_mAP")
+               if key in last}
     tracker.hparams(config, metrics, callbacks.state.global_step)
     tracker.close()

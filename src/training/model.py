@@ -64,7 +64,7 @@ def with_train_step(net: nn.Cell, train_step: TrainStep, recipe: StepRecipe) -> 
     ``auto_mixed_precision``): the eval cell gives (loss, logits, label), with top-1/top-5
     (``recipe``: ``amp_level``, ``label_smoothing``, ``class_num``)."""
     return eval_model(net, recipe.amp_level, recipe.label_smoothing, recipe.class_num,
-                      train_network=train_step)
+                      train_network=train_step, loss_kwargs=recipe.loss_kwargs)
 
 
 def build_train_step(net: nn.Cell, lr: np.ndarray | float, recipe: StepRecipe,
@@ -103,20 +103,26 @@ def resolve_allreduce_per(value: str, device_target: str) -> str:
 
 
 def eval_network(net: nn.Cell, amp_level: str, label_smoothing: float,
-                 class_num: int) -> nn.WithEvalCell:
+                 class_num: int, *, loss_kwargs: dict | None = None) -> nn.WithEvalCell:
     """Cast ``net`` in the evaluation cell: (per-image float32 loss (N,) of the
     training label smoothing's cross-entropy, logits (N, K) cast to float32 under O2/O3, label
     (N,)); unreduced so an evaluator can leave out a shard's padding. For ``Model(...,
-    eval_indexes=[0, 1, 2])``."""
-    eval_loss = CrossEntropySmooth(label_smoothing, class_num, reduction="none")
+    eval_indexes=[0, 1, 2])``. With ``loss_kwargs`` of task multilabel: the training loss per
+    image (``create_loss``), targets (N, K)."""
+    if (loss_kwargs or {}).get("task") == "multilabel":
+        eval_loss = create_loss(label_smoothing=label_smoothing, class_num=class_num,
+                                **dict(loss_kwargs, reduction="none"))
+    else:
+        eval_loss = CrossEntropySmooth(label_smoothing, class_num, reduction="none")
     return nn.WithEvalCell(net, eval_loss, add_cast_fp32=amp_level in ("O2", "O3"))
 
 
 def eval_model(net: nn.Cell, amp_level: str, label_smoothing: float, class_num: int,
-               train_network: nn.Cell | None = None) -> Model:
+               train_network: nn.Cell | None = None, *, loss_kwargs: dict | None = None) -> Model:
     """A ``Model`` evaluating cast ``net`` as ``build_model`` evaluates the live
     network (``eval_network``, top-1/top-5); ``train_network`` defaults to ``net``. Its ``eval``
     gives {"top1", "top5", "loss"}."""
     return Model(net if train_network is None else train_network,
-                 eval_network=eval_network(net, amp_level, label_smoothing, class_num),
+                 eval_network=eval_network(net, amp_level, label_smoothing, class_num,
+                                           loss_kwargs=loss_kwargs),
                  metrics=classification_metrics(class_num), eval_indexes=[0, 1, 2])

@@ -15,7 +15,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
 
-from src.training.best import best_checkpoint_path
+from src.training.best import best_checkpoint_path, stored_score
 from src.training.lr_schedule import LR_KEYS
 from src.training.output_dir import records_after
 from src.utils.checkpoint import (
@@ -51,8 +51,8 @@ NOT_REQUIRED = NOT_RESTORED + ("scale_sense", OVERFLOW_COUNTER, GRAD_ACCUM_PREFI
                                KD_TEACHER_PREFIX, KD_LOSS_PREFIX)  # the last two never saved
 MAY_DIFFER = frozenset((
     # where things are, and the run's own controls
-    "data_path", "eval_data_path", "output_dir", "pre_trained", "config_path", "resume_ckpt",
-    "resume_ignore_config", "overwrite",
+    "data_path", "eval_data_path", "label_file", "eval_label_file", "output_dir", "pre_trained",
+    "config_path", "resume_ckpt", "resume_ignore_config", "overwrite",
     # how the work is spread and run: workers, devices, execution mode, sink settings
     "num_parallel_workers", "device_id", "run_distribute", "all_reduce_fusion_config", "mode",
     "dataset_sink_mode", "sink_size", "check_images", "max_image_pixels",
@@ -68,7 +68,7 @@ MAY_DIFFER = frozenset((
     # keys of eval.py, export.py and predict.py
     "split_file", "checkpoint_path", "use_ema", "runtime", "file_name", "file_format", "fold_bn",
     "dynamic_batch", "quantize", "calibration_data_path", "calibration_images",
-    "quantize_reduce_range", "image_path", "class_names_path", "top_k"))
+    "quantize_reduce_range", "image_path", "class_names_path", "top_k", "tune_thresholds"))
 """Keys a resumed run may change: paths, workers and devices, sink settings, logging,
 checkpoint and eval cadence, the other entry points' keys. Every other key of the stored
 run config must agree (``check_same_recipe``): it changes what is trained (network, data
@@ -269,7 +269,9 @@ def folder_best(best_path: str) -> dict | None:
     try:
         best = stored_best(read_checkpoint(best_path))
         if best is not None:
-            best = {"top1": float(best["top1"]), "epoch": int(best["epoch"])}
+            best = {key: float(best[key]) if key != "epoch" else int(best[key])
+                    for key in best}
+            stored_score(best)  # a KeyError without a score
     except (CheckpointError, ValueError, KeyError, TypeError) as err:
         LOGGER.warning("cannot read the score of %s (%s): the resumed checkpoint's best is "
                        "kept", best_path, str(err).splitlines()[0] or type(err).__name__)
