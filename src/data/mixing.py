@@ -44,15 +44,17 @@ class BatchMixer:
         seed: Non-negative seed of the per-batch generators.
 
     Inputs (``__call__(images, labels, batch_info)``):
-        float32 images (N, 3, H, W) (or a list of (3, H, W)), int labels (N,) in [0, K), and
-        MindSpore's ``BatchInfo``.
+        float32 images (N, 3, H, W) (or a list of (3, H, W)), int labels (N,) in [0, K) or
+        float multi-hot targets (N, K) in [0, 1], and MindSpore's ``BatchInfo``.
 
     Outputs:
-        New images float32 (N, 3, H, W) and targets float32 (N, K), rows summing to 1.
+        New images float32 (N, 3, H, W) and targets float32 (N, K): ``lam * t + (1 - lam) *
+        t_flipped`` of the (smoothed one-hot, or multi-hot) targets t.
 
     Raises:
         ValueError: For an argument out of its range (both alphas 0 too), images not 4-D,
-            a label count unlike the image count, or a label outside [0, K).
+            a label count unlike the image count, a label outside [0, K), float targets not
+            (N, K) in [0, 1], or ``label_smoothing`` with them.
     """
 
     def __init__(self, *, mixup_alpha: float = 1.0, cutmix_alpha: float = 0.0,
@@ -106,14 +108,9 @@ class BatchMixer:
         x = np.asarray(np.stack(images) if isinstance(images, (list, tuple)) else images,
                        dtype=np.float32)
         y = np.asarray(np.stack(labels) if isinstance(labels, (list, tuple)) else labels)
-        y = y.reshape(-1).astype(np.int64)
         if x.ndim != 4:
             raise ValueError(f"images must be (N, C, H, W), got shape {x.shape}")
-        if len(y) != len(x):
-            raise ValueError(f"got {len(x)} images but {len(y)} labels")
-        if len(y) and (y.min() < 0 or y.max() >= self.class_num):
-            raise ValueError(f"labels must be in [0, {self.class_num}), got values in "
-                             f"[{y.min()}, {y.max()}]")
+        targets = self._targets(y, len(x))
 
         rng, lam, use_cutmix = self.draw(batch_num, epoch_num)
         if lam != 1.0:
@@ -123,9 +120,29 @@ class BatchMixer:
                 x[:, :, y0:y1, x0:x1] = x[::-1, :, y0:y1, x0:x1].copy()
             else:
                 x = x * np.float32(lam) + x[::-1] * np.float32(1.0 - lam)
-        one_hot = smooth_one_hot(y, self.class_num, self.label_smoothing)
-        target = lam * one_hot + (1.0 - lam) * one_hot[::-1]
+        target = lam * targets + (1.0 - lam) * targets[::-1]
         return np.ascontiguousarray(x, dtype=np.float32), target.astype(np.float32)
+
+    def _targets(self, y, count):
+        """float64 (N, K) targets to mix: int labels (N,) one-hot and smoothed, or float
+        multi-hot (N, K) in [0, 1] as they are (no smoothing)."""
+        if not np.issubdtype(y.dtype, np.floating):
+            y = y.reshape(-1).astype(np.int64)
+            if len(y) != count:
+                raise ValueError(f"got {count} images but {len(y)} labels")
+            if len(y) and (y.min() < 0 or y.max() >= self.class_num):
+                raise ValueError(f"labels must be in [0, {self.class_num}), got values in "
+                                 f"[{y.min()}, {y.max()}]")
+            return smooth_one_hot(y, self.class_num, self.label_smoothing)
+        if y.shape != (count, self.class_num):
+            raise ValueError(f"float targets must be (N, K) = ({count}, {self.class_num}), got "
+                             f"shape {y.shape}")
+        if y.size and not (np.isfinite(y).all() and y.min() >= 0 and y.max() <= 1):
+            raise ValueError("float targets must be in [0, 1]")
+        if self.label_smoothing:
+            raise ValueError(f"label_smoothing {self.label_smoothing} is not defined for "
+                             f"multi-hot targets: use 0")
+        return y.astype(np.float64)
 
     @staticmethod
     def _box(rng, lam, height, width):

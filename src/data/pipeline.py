@@ -1,6 +1,7 @@
 """Batched classification pipelines on ``mindspore.dataset`` (MindCV-style
 ``create_dataset``): class folders (``ImageFolderDataset``) or the CIFAR-10 binary release
-(``Cifar10Dataset``), per-image ops from ``src.data.transforms``. See docs/data.md.
+(``Cifar10Dataset``), or the rows of a multi-label table
+(``GeneratorDataset``); per-image ops from ``src.data.transforms``. See docs/data.md.
 """
 import os
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from src.data.image_check import (
     check_image_folder,
     list_folder,
 )
+from src.data.multilabel import LabelTable
 from src.data.sampling import EpochSampler, balanced_sample_weights
 from src.data.settings import EvalPreprocess, Sampling, TrainAugment
 from src.data.transforms import create_transforms
@@ -32,9 +34,11 @@ def create_dataset(data_path: str, settings: TrainAugment | EvalPreprocess, *,
                    dataset: str = "imagefolder", batch_size: int = 32,
                    sampling: Sampling | None = None, num_parallel_workers: int = 4,
                    check_images: bool = True,
-                   batch_transform: Callable | None = None) -> ds.Dataset:
+                   batch_transform: Callable | None = None,
+                   labels: LabelTable | None = None) -> ds.Dataset:
     """A batched classification dataset: ``image`` float32 (batch, 3, size, size) normalized,
-    ``label`` int32 (batch,), or as ``batch_transform`` returns.
+    ``label`` int32 (batch,) (with ``labels``: float32 (batch, K) multi-hot), or as
+    ``batch_transform`` returns.
 
     Args:
         data_path: Class-folder root, or folder of the CIFAR-10 ``.bin`` files.
@@ -47,12 +51,14 @@ def create_dataset(data_path: str, settings: TrainAugment | EvalPreprocess, *,
         check_images: ``imagefolder``: check every file first (``src.data.image_check``).
         batch_transform: Training only: ``f(images, labels, batch_info) -> (images,
             targets)`` on numpy batches (mixup, CutMix).
+        labels: Multi-label data: read the rows of this table (``src.data.multilabel``), not
+            class folders; ``sampling.indices`` are row positions, eval reads them in order.
 
     Raises:
         MissingFileError: If ``data_path`` is not a folder or lacks the CIFAR-10 files.
         ValueError: For an unknown ``dataset``, ``batch_size`` < 1, a ``batch_transform``
             that is not callable, or ``indices`` / ``balance_classes`` with ``cifar10`` or
-            outside the folder.
+            outside the folder (the table), ``balance_classes`` with ``labels``.
         ImageFolderError: Naming bad class folders or files, or a short CIFAR-10 file.
     """
     if batch_size < 1:
@@ -72,6 +78,13 @@ def create_dataset(data_path: str, settings: TrainAugment | EvalPreprocess, *,
     reader_args = dict(shuffle=shuffle, num_shards=num_shards, shard_id=shard_id)
     repeats = settings.aug_repeats if is_training else 0
     balance_classes = sampling.balance_classes and is_training
+    if labels is not None:
+        source = table_source(labels, sampling, dataset=dataset, shuffle=shuffle,
+                              repeats=repeats, num_parallel_workers=num_parallel_workers)
+        data = source.map(operations=create_transforms(settings, False), input_columns="image",
+                          num_parallel_workers=num_parallel_workers)
+        return _batched(data, batch_size, drop_remainder,
+                        batch_transform if is_training else None)
     if sampling.indices is not None or balance_classes:
         if dataset != "imagefolder":
             raise ValueError(f"indices and balance_classes need dataset imagefolder, got "
@@ -91,7 +104,12 @@ def create_dataset(data_path: str, settings: TrainAugment | EvalPreprocess, *,
                       num_parallel_workers=num_parallel_workers)
     data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
                     num_parallel_workers=num_parallel_workers)
-    if is_training and batch_transform is not None:
+    return _batched(data, batch_size, drop_remainder, batch_transform if is_training else None)
+
+
+def _batched(data, batch_size, drop_remainder, batch_transform):
+    """``data`` batched, through ``batch_transform`` (one worker, in order) if given."""
+    if batch_transform is not None:
         return data.batch(batch_size, drop_remainder=drop_remainder,
                           per_batch_map=StackedBatchMap(batch_transform),
                           input_columns=["image", "label"], output_columns=["image", "label"],
@@ -112,8 +130,10 @@ class StackedBatchMap:
 
 
 def count_images(data_path: str, is_training: bool, dataset: str = "imagefolder",
-                 indices: Sequence[int] | None = None) -> int:
-    """Images of a (train or eval) split, or ``len(indices)``, without decoding any.
+                 indices: Sequence[int] | None = None, *,
+                 labels: LabelTable | None = None) -> int:
+    """Images of a (train or eval) split, the rows of ``labels``, or ``len(indices)``, without
+    decoding any.
 
     Raises:
         MissingFileError: As ``create_dataset``.
@@ -122,6 +142,8 @@ def count_images(data_path: str, is_training: bool, dataset: str = "imagefolder"
         raise MissingFileError(f"data_path {data_path!r} is not a folder")
     if indices is not None:
         return len(indices)
+    if labels is not None:
+        return len(labels.files)
     source, _ = DATASET_READERS[dataset](data_path, is_training, False, shuffle=False)
     return source.get_dataset_size()
 
@@ -185,11 +207,7 @@ def folder_sampler(data_path: str, sampling: Sampling, shuffle: bool, balance_cl
         ValueError: If ``indices`` is empty or names no image of the folder.
     """
     files = image_folder_files(data_path)
-    indices = (np.arange(len(files)) if sampling.indices is None
-               else np.asarray(sampling.indices, np.int64))
-    if not len(indices) or indices.min() < 0 or indices.max() >= len(files):
-        raise ValueError(f"indices must be a non-empty list of positions in [0, {len(files)}) "
-                         f"(the images of {data_path})")
+    indices = sampled_rows(sampling, len(files), f"the images of {data_path}")
     weights = None
     if balance_classes:
         labels = np.array([label for _, label in files], np.int64)[indices]
@@ -197,6 +215,60 @@ def folder_sampler(data_path: str, sampling: Sampling, shuffle: bool, balance_cl
     return EpochSampler(indices, seed=ds.config.get_seed(), shuffle=shuffle, weights=weights,
                         num_shards=sampling.num_shards, shard_id=sampling.shard_id,
                         repeats=repeats)
+
+
+def sampled_rows(sampling: Sampling, count: int, what: str) -> np.ndarray:
+    """int64 ``sampling.indices``, or every position of ``count`` rows when None.
+
+    Raises:
+        ValueError: If ``indices`` is empty or outside [0, count) (``what`` names the rows).
+    """
+    indices = (np.arange(count) if sampling.indices is None
+               else np.asarray(sampling.indices, np.int64))
+    if not len(indices) or indices.min() < 0 or indices.max() >= count:
+        raise ValueError(f"indices must be a non-empty list of positions in [0, {count}) "
+                         f"({what})")
+    return indices
+
+
+class TableRows:
+    """Random-access source of a ``LabelTable``'s rows for ``GeneratorDataset``: row i is
+    (the file's bytes uint8 (size,), its multi-hot target float32 (K,))."""
+
+    def __init__(self, labels: LabelTable):
+        self.paths = list(labels.paths)
+        self.targets = np.asarray(labels.targets, np.float32)
+
+    def __getitem__(self, i):
+        return np.fromfile(self.paths[i], dtype=np.uint8), self.targets[i]
+
+    def __len__(self):
+        return len(self.paths)
+
+
+def table_source(labels: LabelTable, sampling: Sampling, *, dataset: str, shuffle: bool,
+                 repeats: int, num_parallel_workers: int) -> ds.GeneratorDataset:
+    """``create_dataset``'s unbatched ``image`` (encoded bytes), ``label`` (float32 (K,))
+    source of a label table: an ``EpochSampler`` over ``sampling.indices`` (None: every row),
+    sharded, shuffled or in row order, each row read ``repeats`` times.
+
+    Raises:
+        ValueError: For a ``dataset`` other than ``imagefolder``, ``balance_classes``, or
+            ``indices`` outside the table.
+    """
+    if dataset != "imagefolder":
+        raise ValueError(f"a label file needs dataset imagefolder (image files), got "
+                         f"{dataset!r}")
+    if sampling.balance_classes:
+        raise ValueError("balance_classes (class_balance sampler) is not defined for "
+                         "multi-label data (label_file): an image has several classes")
+    rows = sampled_rows(sampling, len(labels.files), "the rows of the label file")
+    sampler = EpochSampler(rows, seed=ds.config.get_seed(), shuffle=shuffle,
+                           num_shards=sampling.num_shards, shard_id=sampling.shard_id,
+                           repeats=repeats)
+    return ds.GeneratorDataset(TableRows(labels), column_names=["image", "label"],
+                               sampler=sampler, num_parallel_workers=num_parallel_workers,
+                               python_multiprocessing=False)
 
 
 def class_names_of(data_path: str) -> list[str]:
