@@ -36,7 +36,9 @@ copies, seed ``RA_SEED``, sharded by its real rank and group size) through a Min
 pipeline and prints ``rank R aug_repeats {JSON}`` (those three numbers and the rows read), and
 likewise its shard of an epoch of class-balanced draws (``rank R class_balance {JSON}``); and
 prints the stochastic depth draws of its first training step as train.py builds its network
-(``rank R drop path keeps 0110...``): one launch serves these checks.
+(``rank R drop path keeps 0110...``); and, in one process too, evaluates a multi-label
+network on its shard as ``run_eval`` does (``rank R multilabel {JSON}``, mAP over the gathered
+scores): one launch serves these checks.
 """
 import argparse
 import json
@@ -68,6 +70,7 @@ EMA_DECAY = 0.5  # far from 1, so 3 updates leave the averages away from the wei
 OVERFLOW_SCALE, OVERFLOW_STEP = 1024.0, 1  # overflow: the loss scale, rank 1's inf step
 RA_IMAGES, RA_REPEATS, RA_SEED = 11, 3, 5  # the repeated-augmentation epoch read per rank
 BALANCED_LABELS = [0] * 6 + [1] * 3 + [2] * 2  # the class-balanced epoch read per rank
+ML_IMAGES = 45  # the multi-label evaluation: odd, so one shard holds a padding row
 
 
 def real_batches(data_path, steps, global_batch):
@@ -187,6 +190,8 @@ def main():
         print(f"rank {rank} aug_repeats {json.dumps(repeated_rows(rank, size))}", flush=True)
         print(f"rank {rank} class_balance {json.dumps(balanced_rows(rank, size))}", flush=True)
         print(f"rank {rank} drop path keeps {drop_path_draws(rank)}", flush=True)
+    print(f"rank {rank} multilabel {json.dumps(multilabel_eval(args.data_path, rank, size))}",
+          flush=True)
 
 
 def balanced_rows(rank, size):
@@ -217,6 +222,26 @@ def repeated_rows(rank, size):
     return {"images": RA_IMAGES, "repeats": RA_REPEATS, "seed": RA_SEED,
             "rows": [int(row[0]) for row in rows.create_tuple_iterator(num_epochs=1,
                                                                         output_numpy=True)]}
+
+
+def multilabel_eval(data_path, rank, size):
+    """The multi-label evaluation of ``frozen_bn_resnet18`` (its weights of seed 1) over the
+    first ``ML_IMAGES`` images of ``data_path`` with seeded multi-hot targets, sharded over the
+    ranks as train.py's ``run_eval`` shards it: ``{"mAP", "eval_loss", "eval_images"}``."""
+    from src.data.multilabel import LabelTable
+    from src.training.evaluator import MultiLabelEvaluator, eval_shard
+    from src.training.model import eval_model
+    paths, _ = interleaved_class_images(data_path, ML_IMAGES)
+    targets = (np.random.default_rng(0).random((ML_IMAGES, 10)) < 0.3).astype(np.uint8)
+    table = LabelTable([os.path.relpath(p, data_path) for p in paths], list(paths), targets,
+                       [f"class{i}" for i in range(10)])
+    net = frozen_bn_resnet18()
+    model = eval_model(net, "O0", 0.0, 10, loss_kwargs={"task": "multilabel", "loss": "bce"})
+    data_args = dict(settings=EvalPreprocess(image_size=32, resize=32), batch_size=8,
+                     labels=table, check_images=False, num_parallel_workers=1)
+    shards = dict(num_shards=size, shard_id=rank) if size > 1 else {}
+    shard = eval_shard(data_path, data_args, **shards)
+    return MultiLabelEvaluator(model, shard, net)()
 
 
 def drop_path_draws(rank):

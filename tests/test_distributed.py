@@ -76,7 +76,7 @@ def trained_parameters(tmp_path_factory):
                              "--variants", "onestep,trainstep", "--data_path", data],
                             capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
     assert single.returncode == 0, single.stderr[-2000:]
-    return {"logs": logs, **{
+    return {"logs": logs, "single_output": single.stdout, **{
         variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
                   "single": np.load(out / f"{variant}_single.npz")
                   if variant in ("onestep", "trainstep") else None}
@@ -102,6 +102,23 @@ def test_all_gather_int_over_two_real_ranks(trained_parameters):
     ``tests/dist_worker.py`` after its training, in the launch above."""
     for rank in range(2):
         assert f"rank {rank} gathered [3, 13] [-1, 499999]" in trained_parameters["logs"]
+
+
+@pytest.mark.slow
+def test_two_real_ranks_compute_one_map_over_the_scores_of_both(trained_parameters):
+    """Multi-label evaluation in data parallel (the launch above): each rank evaluates its shard
+    of 45 images (23 and 22, the padding row left out), the scores of both are gathered and mAP
+    is computed once; every rank reports what one process reports over the 45 images (float32
+    scores of the same images; a mean of per-rank mAPs would differ)."""
+    ranks = rank_records(trained_parameters, "multilabel")
+    single = [line for line in trained_parameters["single_output"].splitlines()
+              if line.startswith("rank 0 multilabel ")]
+    assert len(single) == 1, trained_parameters["single_output"][-2000:]
+    single = json.loads(single[0].split(" multilabel ", 1)[1])
+    assert ranks[0] == ranks[1]
+    assert ranks[0]["eval_images"] == single["eval_images"] == 45
+    assert ranks[0]["mAP"] == pytest.approx(single["mAP"], abs=1e-6)
+    assert ranks[0]["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -121,8 +121,9 @@ def eval_model(net: nn.Cell, amp_level: str, label_smoothing: float, class_num: 
                train_network: nn.Cell | None = None, *, loss_kwargs: dict | None = None) -> Model:
     """A ``Model`` evaluating cast ``net`` as ``build_model`` evaluates the live
     network (``eval_network``, top-1/top-5); ``train_network`` defaults to ``net``. Its ``eval``
-    gives {"top1", "top5", "loss"}."""
+    gives {"top1", "top5", "loss"} ({"loss"} for a multi-label ``loss_kwargs``)."""
     return Model(net if train_network is None else train_network,
                  eval_network=eval_network(net, amp_level, label_smoothing, class_num,
                                            loss_kwargs=loss_kwargs),
-                 metrics=classification_metrics(class_num), eval_indexes=[0, 1, 2])
+                 metrics=({"loss": nn.Loss()} if (loss_kwargs or {}).get("task") == "multilabel"
+                          else classification_metrics(class_num)), eval_indexes=[0, 1, 2])
