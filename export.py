@@ -55,6 +55,7 @@ import numpy as np
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy import formats, inference, quantize
+from src.deploy.outputs import metadata_record, model_thresholds
 from src.deploy.publish import (
     check_folder_target,
     model_card,
@@ -69,7 +70,7 @@ from src.deploy.quantize import (
 )
 from src.models.bn_fold import fold_batchnorm
 from src.models.tta import with_tta
-from src.recipe import eval_preprocess, fill_from_weights, resolve_tta
+from src.recipe import eval_preprocess, fill_from_weights, resolve_task, resolve_tta
 from src.utils import device
 from src.utils.checkpoint import read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
@@ -128,11 +129,24 @@ def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
         formats.check_exported(partial + suffix, cfg.file_format, cfg.dynamic_batch)
         try:
             formats.record_metadata(partial + suffix, cfg.file_format,
-                                    {formats.TTA_KEY: cfg.tta})  # what eval.py reads back
+                                    {formats.TTA_KEY: cfg.tta,  # what eval.py reads back
+                                     **metadata_record(cfg.task, *model_outputs(cfg))})
             os.replace(partial + suffix, final)
         except OSError as err:
             raise WriteError(f"cannot write {final}: {err.strerror or err}") from err
     return final
+
+
+def model_outputs(cfg):
+    """(class names or None, thresholds float64 (class_num,)) of a ``multilabel`` model, to
+    record in the export: its thresholds (``formats.recorded_outputs``: ``thresholds.json``
+    beside the checkpoint, Hub weights' ``config.json``), else 0.5 each; (None, None) for
+    ``multiclass``."""
+    if cfg.task != "multilabel":
+        return None, None
+    return (model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path),
+            model_thresholds(formats.recorded_outputs(cfg.checkpoint_path, cfg.class_num),
+                             cfg.class_num))
 
 
 def publish(cfg):
@@ -150,7 +164,8 @@ def publish(cfg):
                                  use_ema=cfg.use_ema, device_target=None,
                                  stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
-    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names, tta=cfg.tta)
+    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names, tta=cfg.tta,
+                         thresholds=model_outputs(cfg)[1])
     run_config = eval_result = None
     if not is_pretrained_source(cfg.checkpoint_path):
         run_config = stored_config(read_checkpoint(cfg.checkpoint_path))
@@ -178,6 +193,7 @@ def main(argv=None):
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
     fill_from_weights(cfg, cfg.checkpoint_path)  # Hub weights: their settings unless set
     resolve_tta(cfg)  # and their test-time augmentation
+    resolve_task(cfg)  # and the model's task (multilabel: recorded with its thresholds)
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)

@@ -35,8 +35,15 @@ import numpy as np
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy import formats, gradcam, inference
-from src.deploy.inference import chunks, list_images, load_network, softmax
-from src.recipe import resolve_eval_preprocess, resolve_tta
+from src.deploy.inference import chunks, list_images, load_network
+from src.deploy.outputs import (
+    TASKS,
+    ThresholdsError,
+    labels_above,
+    model_thresholds,
+    probabilities,
+)
+from src.recipe import resolve_eval_preprocess, resolve_task, resolve_tta
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -58,6 +65,25 @@ def class_names_for(cfg, class_num):
     return names or [f"class_{i}" for i in range(class_num)]
 
 
+def outputs_for(cfg, class_num):
+    """The class names (``class_names_for``; else those the model records) and, for task
+    ``multilabel``, the thresholds: the model's (``formats.recorded_outputs``), else 0.5
+    each (``model_thresholds``); None for ``multiclass``.
+
+    Raises:
+        ThresholdsError: If the model's thresholds are malformed or not ``class_num``.
+    """
+    record = formats.recorded_outputs(cfg.checkpoint_path, class_num)
+    names = model_class_names(cfg.checkpoint_path, class_num, cfg.class_names_path)
+    if names is None and record is not None and record.label_names:
+        if len(record.label_names) != class_num:
+            raise ThresholdsError(f"{record.source} records {len(record.label_names)} label "
+                                  f"names but the model has {class_num} classes")
+        names = record.label_names
+    names = names or class_names_for(cfg, class_num)
+    return names, model_thresholds(record, class_num) if cfg.task == "multilabel" else None
+
+
 def check_class_count(cfg, outputs):
     """Raise ``ConfigError`` unless the model's ``outputs`` classes are ``cfg.class_num`` (an
     exported file carries its own class count: the names would not match)."""
@@ -66,9 +92,10 @@ def check_class_count(cfg, outputs):
                           f"{cfg.class_num}: pass --class_num {outputs}")
 
 
-def predict_in_batches(predict, paths, batch_size, preprocess):
+def predict_in_batches(predict, paths, batch_size, preprocess, *, task=TASKS[0]):
     """Classify images a batch at a time: only ``batch_size`` images are read and held at
-    once, whatever the number of paths.
+    once, whatever the number of paths. Probabilities by ``task``
+    (``src.deploy.outputs.probabilities``: softmax, or a sigmoid per class).
 
     Args:
         predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K).
@@ -81,7 +108,8 @@ def predict_in_batches(predict, paths, batch_size, preprocess):
         float (len(batch), K).
     """
     for batch in chunks(paths, batch_size):
-        yield batch, softmax(predict(inference.preprocess_images(batch, preprocess)))
+        yield batch, probabilities(predict(inference.preprocess_images(batch, preprocess)),
+                                   task)
 
 
 def top_classes(probs, names, top_k):
@@ -137,6 +165,7 @@ def main(argv=None):
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
     preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
     resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
+    resolve_task(cfg)  # and its task (multilabel: a sigmoid per class)
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
@@ -155,15 +184,19 @@ def main(argv=None):
                                      device_target=cfg.device_target,
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
                                      runtime=cfg.runtime, tta=cfg.tta)
-    names = None
+    names = thresholds = None
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
-        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess):
+        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
+                                               task=cfg.task):
             if names is None:
                 check_class_count(cfg, probs.shape[1])
-                names = class_names_for(cfg, probs.shape[1])
+                names, thresholds = outputs_for(cfg, probs.shape[1])
             for path, row in zip(batch, probs):
-                progress.write(json.dumps({"image": path,
-                                           "top": top_classes(row, names, cfg.top_k)}))
+                line = {"image": path}
+                if thresholds is not None:
+                    line["labels"] = labels_above(row, thresholds, names)
+                line["top"] = top_classes(row, names, cfg.top_k)
+                progress.write(json.dumps(line))
             if write_cams:
                 write_cams(batch, probs)
             progress.update(len(batch))

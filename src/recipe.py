@@ -34,7 +34,7 @@ from src.data.split import (
     training_labels,
     write_split_files,
 )
-from src.deploy.formats import TTA_KEY, recorded_tta
+from src.deploy.formats import TTA_KEY, recorded_outputs, recorded_tta
 from src.models.freeze import set_trainable
 from src.models.resnet import create_network, last_feature_map_side
 from src.models.tta import TTA_MODES
@@ -468,6 +468,28 @@ def resolve_tta(cfg: Config) -> str:
     if recorded is not None and recorded != cfg.tta:
         cfg.fill_unset({"tta": recorded}, source)
     return cfg.tta
+
+
+def resolve_task(cfg: Config) -> str:
+    """``cfg.task`` for a run of ``cfg.checkpoint_path`` (eval, predict, export): the user's
+    ``task`` if set, else the model's record (``recorded_outputs``: an exported graph's
+    metadata, Hub weights' ``problem_type``, ``thresholds.json`` beside a ``.ckpt`` or its
+    stored run config). docs/deployment.md#multi-label-models.
+
+    Raises:
+        ConfigError: If the user set another ``task`` than the model records (names both).
+    """
+    record = recorded_outputs(cfg.checkpoint_path, cfg.class_num)
+    if record is None or record.task is None:
+        return cfg.task
+    user = cfg.user_value("task")
+    if user not in (None, record.task):
+        raise ConfigError(f"task {user}: {record.source} is a {record.task} model (its "
+                          f"record says so); pass --task {record.task}, or give a "
+                          f"{user} model")
+    if record.task != cfg.task:
+        cfg.fill_unset({"task": record.task}, record.source)
+    return cfg.task
 
 
 @dataclass

@@ -25,8 +25,8 @@ from src.deploy.inference import (
     load_mindir,
     mindir_input_shape,
     preprocess_images,
-    softmax,
 )
+from src.deploy.outputs import softmax
 from src.models.resnet import create_network
 from src.utils import device
 from src.utils.config import ConfigError

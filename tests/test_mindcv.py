@@ -24,7 +24,8 @@ except ImportError as err:  # a dev dependency like torch: a missing one fails, 
 
 from src.data.pipeline import image_folder_files
 from src.data.settings import EvalPreprocess
-from src.deploy.inference import load_onnx, preprocess_images, softmax
+from src.deploy.inference import load_onnx, preprocess_images
+from src.deploy.outputs import softmax
 from src.models.resnet import create_network
 from src.utils import device
 from src.utils.checkpoint import (

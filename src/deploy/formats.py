@@ -35,11 +35,20 @@ from src.deploy.inference import (
     mindir_predictor,
     onnx_predictor,
 )
+from src.deploy.outputs import (
+    TASKS,
+    OutputRecord,
+    ThresholdsError,
+    checked_thresholds,
+    read_metadata_record,
+    read_thresholds,
+)
 from src.models.bn_fold import fold_batchnorm
 from src.models.tta import TTA_MODES, with_tta
+from src.utils.checkpoint import read_stored_config
 from src.utils.config import ConfigError
 from src.utils.errors import WriteError
-from src.utils.hub import is_pretrained_source
+from src.utils.hub import is_pretrained_source, resolve_weights
 
 LOGGER = logging.getLogger(__name__)
 
@@ -283,16 +292,63 @@ def recorded_tta(path: str) -> str | None:
     Raises:
         ModelFileError: If the recorded value is not one of ``TTA_MODES``.
     """
+    metadata = recorded_metadata(path)
+    if metadata is None:
+        return None
+    value = metadata.get(TTA_KEY, TTA_MODES[0])
+    if value not in TTA_MODES:
+        raise ModelFileError(f"{path} records {TTA_KEY} {value!r}, not one of "
+                             f"{', '.join(TTA_MODES)}: not written by export.py?")
+    return value
+
+
+def recorded_metadata(path: str) -> dict[str, str] | None:
+    """The key-value metadata of an exported graph (its format's ``metadata``); None for a
+    file of a format without metadata (a ``.ckpt``, Hub weights) or that cannot be read (its
+    loader says why)."""
     from google.protobuf.message import DecodeError
 
     fmt = READERS.get(model_suffix(path))
     if fmt is None or fmt.metadata is None or not os.path.isfile(path):
         return None
     try:
-        value = fmt.metadata(path).get(TTA_KEY, TTA_MODES[0])
+        return fmt.metadata(path)
     except (OSError, DecodeError):
         return None
-    if value not in TTA_MODES:
-        raise ModelFileError(f"{path} records {TTA_KEY} {value!r}, not one of "
-                             f"{', '.join(TTA_MODES)}: not written by export.py?")
-    return value
+
+
+def recorded_outputs(path: str, class_num: int) -> OutputRecord | None:
+    """What the model ``path`` records of its outputs (``OutputRecord``): an exported graph's
+    metadata; Hub weights' ``config.json`` (``problem_type``, ``thresholds``,
+    ``label_names``); a ``.ckpt``: ``thresholds.json`` beside it (``multilabel``), else the
+    ``task`` of its stored run config. None when nothing is recorded (or ``path`` is empty).
+
+    Raises:
+        ThresholdsError, WeightsConfigError: For a malformed record, or thresholds that are
+            not ``class_num``.
+    """
+    if not path:
+        return None
+    if is_pretrained_source(path):
+        weights = resolve_weights(path)
+        thresholds = weights.thresholds
+        if thresholds is not None:
+            thresholds = checked_thresholds(thresholds, class_num,
+                                            f"{path} ({weights.config_file} thresholds)")
+        return OutputRecord(weights.task, thresholds, weights.label_names, path)
+    if model_suffix(path) != CHECKPOINT.suffix:
+        metadata = recorded_metadata(path)
+        if metadata is None:
+            return None
+        record = read_metadata_record(metadata, path)
+        if record.thresholds is not None and len(record.thresholds) != class_num:
+            raise ThresholdsError(f"{path} records {len(record.thresholds)} thresholds but the "
+                                  f"model has {class_num} classes (class_num)")
+        return record
+    thresholds = read_thresholds(path, class_num)
+    if thresholds is not None:
+        return OutputRecord("multilabel", thresholds, None, path)
+    if not os.path.isfile(path):
+        return None  # the loader names it
+    task = (read_stored_config(path) or {}).get("task")
+    return OutputRecord(task if task in TASKS else None, None, None, path)

@@ -294,9 +294,3 @@ def onnx_predictor(checkpoint_path: str, *, batch_size: int, **network) -> Forwa
     del network  # the graph holds it
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of a float array (N, K), numerically stable."""
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)

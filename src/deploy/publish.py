@@ -23,7 +23,7 @@ from src.utils.architectures import ARCHITECTURES
 from src.utils.checkpoint import source_names
 from src.utils.errors import OutputDirError, WriteError
 from src.utils.files import current_umask, plain_file_mode
-from src.utils.hub import CONFIG_FILE, WEIGHTS_FILE
+from src.utils.hub import CONFIG_FILE, MULTI_LABEL, WEIGHTS_FILE
 
 LOGGER = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ def crop_pct_for(image_size: int, eval_resize: int) -> float:
 
 
 def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
-                label_names: list[str] | None = None, *, tta: str = "none") -> dict:
+                label_names: list[str] | None = None, *, tta: str = "none",
+                thresholds=None) -> dict:
     """``config.json`` in timm's format for our weights.
 
     Args:
@@ -65,6 +66,9 @@ def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
         label_names (list[str], optional): Class names in label order.
         tta (str): The test-time augmentation to evaluate them with; other than ``none``,
             a top-level ``tta`` field (timm ignores it; eval.py and predict.py take it).
+        thresholds (sequence of float, optional): A multi-label model's per-class decision
+            thresholds: ``problem_type`` ``multi_label_classification`` (Hugging Face's name)
+            and a top-level ``thresholds`` field; None: a single-label classifier.
 
     Returns:
         dict: JSON-serializable config.
@@ -83,6 +87,9 @@ def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
         "pool_size": [pool, pool], "first_conv": "conv1", "classifier": "fc"}
     if tta != "none":
         config["tta"] = tta
+    if thresholds is not None:
+        config["problem_type"] = MULTI_LABEL
+        config["thresholds"] = [float(v) for v in thresholds]
     return config
 
 
@@ -121,6 +128,12 @@ def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | 
         lines += ["", f"Test-time augmentation: {config['tta']} (`tta` in config.json: the "
                       f"logits of the image and of its horizontal mirror averaged). This "
                       f"package's eval.py and predict.py apply it; timm and torchvision do not."]
+    if config.get("problem_type") == MULTI_LABEL:
+        lines += ["", f"Multi-label: one sigmoid per class (not a softmax); an image has every "
+                      f"label whose probability reaches its threshold (`thresholds` in "
+                      f"config.json, one per class in `label_names` order: "
+                      f"{', '.join(f'{v:g}' for v in config['thresholds'])}). This package's "
+                      f"eval.py and predict.py apply them."]
     size = preprocessing["input_size"][-1]
     resize = math.floor(size / preprocessing["crop_pct"])
     lines += ["", f"Preprocessing: resize the shorter side to "

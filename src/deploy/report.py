@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from src.deploy.outputs import probabilities
 from src.utils.errors import UserError, WriteError
 from src.utils.files import plain_file_mode
 
@@ -47,8 +48,7 @@ class ClassReport:
                 raise RuntimeError(f"images {self.seen}.. of the eval pipeline are not in the "
                                    f"order of the folder listing: cannot name them")
         predicted = logits.argmax(axis=1)
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        softmax = shifted / shifted.sum(axis=1, keepdims=True)
+        softmax = probabilities(logits, "multiclass")
         probability = softmax[np.arange(len(labels)), predicted]
         np.add.at(self.confusion, (labels, predicted), 1)
         for i in np.flatnonzero(predicted != labels):

@@ -228,6 +228,27 @@ def stored_config(params: dict[str, Any]) -> dict[str, Any] | None:
     return json.loads(text) if isinstance(text, str) else None
 
 
+def read_stored_config(path: str) -> dict[str, Any] | None:
+    """The run config stored in a ``.ckpt`` file (``stored_config``), read without its
+    tensors; None for files without one.
+
+    Raises:
+        MissingFileError, CheckpointError: As ``read_checkpoint``.
+    """
+    if not os.path.isfile(path):
+        raise MissingFileError(f"checkpoint not found: {path}")
+    seen = []
+
+    def wanted(name):  # and the first entry: MindSpore refuses a filter that keeps nothing
+        seen.append(name)
+        return name == CONFIG_KEY or len(seen) == 1
+    try:
+        params = ms.load_checkpoint(path, choice_func=wanted)
+    except (ValueError, RuntimeError, OSError) as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    return stored_config(params)
+
+
 def stored_best(params: dict[str, Any]) -> dict[str, Any] | None:
     """The best score stored in a training checkpoint, ``{"top1": float, "epoch": int}``, or
     None."""

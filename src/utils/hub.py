@@ -31,6 +31,9 @@ KNOWN_IDS = ("timm/resnet18.tv_in1k", "timm/resnet34.tv_in1k", "timm/resnet50.tv
              "timm/resnet50.tv2_in1k", "timm/resnet101.tv2_in1k", "timm/resnet152.tv2_in1k",
              "timm/resnet50.a1_in1k")
 """Hub ids of ImageNet weights that fit (docs/finetune.md lists their top-1 and eval settings)."""
+MULTI_LABEL = "multi_label_classification"
+PROBLEM_TYPES = {"single_label_classification": "multiclass", MULTI_LABEL: "multilabel"}
+"""``config.json``'s ``problem_type`` (Hugging Face's names) -> ``task``."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -103,6 +106,26 @@ class PretrainedWeights:
             raise self.field_error("label_names", f"{len(names)} names", f"num_classes {count}",
                                    shown=True)
         return names
+
+    @property
+    def task(self) -> str | None:
+        """The task of ``config.json``'s ``problem_type`` (``PROBLEM_TYPES``), None if absent.
+
+        Raises:
+            WeightsConfigError: For a problem type not in ``PROBLEM_TYPES``.
+        """
+        problem = self.config.get("problem_type")
+        if problem is None:
+            return None
+        if problem not in PROBLEM_TYPES:
+            raise self.field_error("problem_type", problem, f"one of {', '.join(PROBLEM_TYPES)}")
+        return PROBLEM_TYPES[problem]
+
+    @property
+    def thresholds(self) -> list | None:
+        """``config.json``'s ``thresholds`` (a multi-label model's per-class decision
+        thresholds, as written: checked by ``src.deploy.outputs``), or None."""
+        return self.config.get("thresholds")
 
     def _indexed_names(self, names, count):
         """A dict of class index (timm's string keys) -> name as the list in index order."""
