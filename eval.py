@@ -261,7 +261,8 @@ def evaluate_multilabel(cfg, preprocess):
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
                                      runtime=cfg.runtime, tta=cfg.tta)
     files = labels.files if indices is None else [labels.files[i] for i in indices]
-    thresholds = model_thresholds(cfg.checkpoint_path, cfg.class_num)
+    thresholds = model_thresholds(formats.recorded_outputs(cfg.checkpoint_path, cfg.class_num),
+                                  cfg.class_num)
     report = MultiLabelReport(labels.class_names, files, thresholds=thresholds)
     start = time.time()
     with readable_pipeline_errors(), Progress(total, "eval") as progress:

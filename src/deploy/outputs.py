@@ -14,6 +14,7 @@ import numpy as np
 
 from src.utils.errors import UserError
 from src.utils.files import atomic_write_text
+from src.utils.multilabel_metrics import sigmoid
 
 TASKS = ("multiclass", "multilabel")
 """Values of ``task``; the first is the default (a model that records none)."""
@@ -38,13 +39,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax of a float array (N, K), numerically stable, in its dtype."""
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     return shifted / shifted.sum(axis=1, keepdims=True)
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """Element-wise logistic function of a float array, in its dtype, without overflow."""
-    logits = np.asarray(logits)
-    exp = np.exp(-np.abs(logits))
-    return np.where(logits >= 0, 1 / (1 + exp), exp / (1 + exp)).astype(logits.dtype)
 
 
 PROBABILITIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -23,7 +23,7 @@ from src.utils.device import (
     sum_over_ranks,
 )
 from src.utils.errors import UserError
-from src.utils.multilabel_metrics import mean_average_precision
+from src.utils.multilabel_metrics import mean_average_precision, sigmoid
 
 
 class EvalShard(NamedTuple):
@@ -289,7 +289,7 @@ class ScoreCollector(Callback):
         logits, targets = outputs[1].asnumpy(), outputs[2].asnumpy()
         keep = len(targets) if self.limit is None else max(0, min(len(targets),
                                                                   self.limit - self.images))
-        self.scores.append(sigmoid(logits[:keep]))
+        self.scores.append(sigmoid(logits[:keep].astype(np.float32)))
         self.targets.append(targets[:keep].astype(np.float32))
         self.loss_sum += float(losses[:keep].astype(np.float64).sum())
         self.images += keep
@@ -333,9 +333,3 @@ class MultiLabelEvaluator(Evaluator):
             result.update({f"{prefix}mAP": mean_average_precision(run.scores, run.targets),
                            f"{prefix}eval_loss": run.loss_sum / run.images})
         return result
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """The logistic function of float logits, float32, without overflow warnings."""
-    x = np.asarray(logits, np.float64)
-    return (0.5 * (1.0 + np.tanh(0.5 * x))).astype(np.float32)

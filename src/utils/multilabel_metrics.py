@@ -11,6 +11,14 @@ import numpy as np
 DEFAULT_THRESHOLD = 0.5  # a label is predicted when its score is >= its threshold
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise logistic function of a float array, in its dtype, without overflow: the
+    multi-label scores of logits (training's evaluator, eval.py, predict.py)."""
+    logits = np.asarray(logits)
+    exp = np.exp(-np.abs(logits))
+    return np.where(logits >= 0, 1 / (1 + exp), exp / (1 + exp)).astype(logits.dtype)
+
+
 def checked(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``scores`` as an (N, K) float array and ``targets`` as an (N, K) bool array.
 
