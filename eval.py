@@ -273,8 +273,7 @@ def evaluate_multilabel(cfg, preprocess):
         tuned = tune_thresholds(report.scores, report.targets)
         written = write_thresholds(os.path.dirname(cfg.checkpoint_path) or ".",
                                    labels.class_names, tuned)
-        report = MultiLabelReport(labels.class_names, files, thresholds=tuned)
-        report.update(result["scores"], result["targets"])
+        report.thresholds = tuned
         print(f"thresholds tuned for F1 on these {result['images']} images: {written}")
     details = report.summary()
     summary = {"checkpoint_path": cfg.checkpoint_path,
@@ -296,8 +295,15 @@ def evaluate_multilabel(cfg, preprocess):
     try:
         report.plot_pr_curves(picture)
         print(f"precision-recall curves: {picture}")
-    except ImportError as err:
+    except UserError as err:  # no matplotlib: the numbers are written, the picture is not
         print(f"no pr_curves.png: {err}")
+        picture = None
+    page = os.path.join(cfg.output_dir, "report.html")
+    atomic_write_text(page, build_report_page(
+        dict(summary, **details), output_dir=cfg.output_dir, eval_config=cfg.to_yaml(),
+        run_folder=run_folder_of(cfg.checkpoint_path), exif_transpose=cfg.exif_transpose,
+        pr_curves=picture))
+    print(f"report page: {page}")
     return 0
 
 

@@ -5,15 +5,15 @@ Definitions as scikit-learn's ``classification_report`` / ``confusion_matrix``: 
 class, column = predicted (top-1); a class's accuracy is its recall; a ratio with a zero
 denominator is 0. See docs/deployment.md#evaluation.
 """
-import os
-import tempfile
+import io
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 
 from src.deploy.outputs import probabilities
-from src.utils.errors import UserError, WriteError
-from src.utils.files import plain_file_mode
+from src.utils.errors import UserError
+from src.utils.files import atomic_write_bytes
 
 FULL_PLOT_CLASSES = 50  # up to this many classes the picture names every row and column
 TOP_CONFUSIONS = 20  # listed beside the picture beyond FULL_PLOT_CLASSES
@@ -113,13 +113,7 @@ def plot_confusion(confusion: np.ndarray | Sequence[Sequence[int]], names: Seque
         UserError: If matplotlib is not installed (requirements-dev.txt).
         WriteError: If the file cannot be written.
     """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise UserError("plot true needs matplotlib: pip install matplotlib (in "
-                        "requirements-dev.txt)") from err
+    plt = pyplot()
     matrix = np.array(confusion, np.float64)
     rows = matrix.sum(axis=1, keepdims=True)
     share = np.divide(matrix, rows, out=np.zeros_like(matrix), where=rows > 0)
@@ -146,18 +140,34 @@ def plot_confusion(confusion: np.ndarray | Sequence[Sequence[int]], names: Seque
                  va="center", fontsize=9, family="monospace")
     ax.set_title(f"confusion matrix, {int(matrix.sum())} images, {k} classes")
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
+    save_png(fig, path)
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (no display), imported on first use.
+
+    Raises:
+        UserError: If matplotlib is not installed (requirements-dev.txt).
+    """
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".confusion.", suffix=".png",
-                                         delete=False) as f:
-            tmp = f.name
-            fig.savefig(f, format="png", dpi=100)
-            plain_file_mode(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        if tmp and os.path.exists(tmp):
-            os.remove(tmp)
-        raise WriteError(f"cannot write {path}: {err.strerror or err}") from err
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise UserError("plot true needs matplotlib: pip install matplotlib (in "
+                        "requirements-dev.txt)") from err
+    return plt
+
+
+def save_png(fig: object, path: str, dpi: int = 100) -> None:
+    """Write the matplotlib figure ``fig`` to ``path`` as a PNG, atomically, and close it.
+
+    Raises:
+        WriteError: If the file cannot be written.
+    """
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+        atomic_write_bytes(path, buffer.getvalue())
     finally:
-        plt.close(fig)
+        pyplot().close(fig)

@@ -6,6 +6,9 @@ on a column), the confusion matrix (its top confusions past ``FULL_PLOT_CLASSES`
 first misclassified images with their top-3 and Grad-CAM overlay (an entry's ``cam``, a path
 relative to the output folder), the eval and training configs, the training curves of the
 checkpoint's ``metrics.jsonl``. All text is escaped. See docs/deployment.md#report-page.
+A multi-label result (``task`` multilabel: ``MultiLabelReport.summary()``) has mAP in the
+headline, per-class AP, the precision-recall picture and the images of largest error instead
+(docs/multilabel.md#report-page).
 """
 import base64
 import html
@@ -23,10 +26,16 @@ SHOWN_IMAGES = 48  # misclassified images shown, most confident first
 THUMBNAIL_SIDE = 128  # px, longest side of an embedded image (JPEG)
 METRICS_FILE, TRAIN_CONFIG_FILE = "metrics.jsonl", "config.yaml"  # beside the checkpoint
 HEADLINE = (("top1", "top-1"), ("top5", "top-5"), ("loss", "loss"), ("images", "images"))
-REPORT_KEYS = ("per_class", "confusion_matrix", "misclassified")  # sections of their own
+REPORT_KEYS = ("per_class", "confusion_matrix", "misclassified",  # sections of their own
+               "largest_errors")
 CLASS_COLUMNS = (("class", "number"), ("name", "text"), ("images", "number"),
                  ("accuracy", "number"), ("precision", "number"), ("recall", "number"),
                  ("f1", "number"))
+MULTILABEL_HEADLINE = (("mAP", "mAP"), ("exact_match", "exact match"), ("macro_f1", "macro F1"),
+                       ("micro_f1", "micro F1"), ("loss", "loss"), ("images", "images"))
+MULTILABEL_COLUMNS = (("class", "number"), ("name", "text"), ("positives", "number"),
+                      ("ap", "number"), ("precision", "number"), ("recall", "number"),
+                      ("f1", "number"), ("threshold", "number"))
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
@@ -42,7 +51,7 @@ table.confusion td{min-width:1.8em;text-align:center}
 .cards{display:flex;flex-wrap:wrap;gap:.6em}
 .card{border:1px solid #ccc;border-radius:6px;padding:.4em;width:280px;font-size:12px}
 .card img{width:128px;height:128px;object-fit:contain;image-rendering:pixelated;background:#eee}
-.card ol{margin:.2em 0;padding-left:1.4em}.path{color:#666;word-break:break-all}
+.card ol{margin:.2em 0;padding-left:1.4em}.wrong{color:#a40}.path{color:#666;word-break:break-all}
 .scroll{max-height:36em;overflow:auto;display:inline-block}nav{margin:.8em 0}
 .note{color:#a40}pre{background:#f6f6f6;padding:.6em;overflow:auto;max-height:30em}
 """
@@ -63,7 +72,9 @@ SCRIPT = """
     var cell = row.cells[column];
     var value = cell.hasAttribute('data-value') ? cell.getAttribute('data-value')
                                                 : cell.textContent;
-    return numeric ? parseFloat(value) : value.toLowerCase();
+    if (!numeric) { return value.toLowerCase(); }
+    var parsed = parseFloat(value);
+    return isNaN(parsed) ? -Infinity : parsed;
   }
   document.querySelectorAll('table.sortable').forEach(function (table) {
     var heads = table.tHead.rows[0].cells;
@@ -103,7 +114,9 @@ def esc(value: object) -> str:
 
 
 def number(value: object) -> str:
-    """A float with 4 decimals, anything else as is (escaped)."""
+    """A float with 4 decimals, None as ``n/a``, anything else as is (escaped)."""
+    if value is None:
+        return "n/a"
     return f"{value:.4f}" if isinstance(value, float) else esc(value)
 
 
@@ -131,31 +144,37 @@ def image_tag(path: str, alt: str, exif_transpose: bool = False) -> str:
         return f'<p class="note">{esc(alt)} not shown: {esc(path)}: {esc(err)}</p>'
 
 
-def headline(result: dict) -> str:
+def headline(result: dict, items: Sequence[tuple[str, str]] = HEADLINE) -> str:
     return '<div class="headline">' + "".join(
         f"<div>{esc(label)}<b>{number(result[key])}</b></div>"
-        for key, label in HEADLINE if key in result) + "</div>"
+        for key, label in items if key in result) + "</div>"
 
 
-def run_table(result: dict) -> str:
+def run_table(result: dict, items: Sequence[tuple[str, str]] = HEADLINE) -> str:
     """The result's values other than the headline's and the report's sections."""
-    shown = {key for key, _ in HEADLINE} | set(REPORT_KEYS)
+    shown = {key for key, _ in items} | set(REPORT_KEYS)
     return '<table id="run">' + "".join(
         f'<tr><th class="text">{esc(key)}</th><td class="text">{esc(value)}</td></tr>'
         for key, value in result.items() if key not in shown) + "</table>"
 
 
-def class_table(per_class: Sequence[dict]) -> str:
-    """The per-class table, one row per class, sortable."""
+def class_table(per_class: Sequence[dict],
+                columns: Sequence[tuple[str, str]] = CLASS_COLUMNS) -> str:
+    """The per-class table, one row per class, sortable; a None is ``n/a`` (sorted first)."""
     heads = "".join(f'<th class="{kind}" data-type="{kind}">{esc(name)}</th>'
-                    for name, kind in CLASS_COLUMNS)
+                    for name, kind in columns)
     rows = []
     for entry in per_class:
-        cells = "".join(f'<td class="{kind}" data-value="{esc(entry[name])}">'
-                        f"{number(entry[name])}</td>" for name, kind in CLASS_COLUMNS)
+        cells = "".join(f'<td class="{kind}" data-value="{esc(value_of(entry[name]))}">'
+                        f"{number(entry[name])}</td>" for name, kind in columns)
         rows.append(f"<tr>{cells}</tr>")
     return (f'<table id="per-class" class="sortable"><thead><tr>{heads}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def value_of(value: object) -> object:
+    """A table cell's sort value: None is empty."""
+    return "" if value is None else value
 
 
 def confusion_section(matrix: Sequence[Sequence[int]], names: Sequence[str]) -> str:
@@ -181,15 +200,18 @@ def confusion_section(matrix: Sequence[Sequence[int]], names: Sequence[str]) -> 
             f'<tbody>{"".join(body)}</tbody></table>')
 
 
+def picture_and_place(image: str | int, exif_transpose: bool) -> tuple[str, str]:
+    """A card's image (a file path: its thumbnail; an index, as in the CIFAR-10 binary
+    format: none) and the line naming it."""
+    if isinstance(image, str):
+        return image_tag(image, "image", exif_transpose), f'<div class="path">{esc(image)}</div>'
+    return "", f"<div>image {esc(image)} in evaluation order</div>"
+
+
 def mistake_card(entry: dict, output_dir: str, exif_transpose: bool) -> str:
     """One misclassified image: the image, its CAM overlay when ``cam`` is set, the true and
     predicted classes, the top-3."""
-    image = entry["image"]
-    if isinstance(image, str):
-        picture = image_tag(image, "image", exif_transpose)
-        where = f'<div class="path">{esc(image)}</div>'
-    else:  # the CIFAR-10 binary format: no file
-        picture, where = "", f"<div>image {esc(image)} in evaluation order</div>"
+    picture, where = picture_and_place(entry["image"], exif_transpose)
     if entry.get("cam"):
         picture += image_tag(os.path.join(output_dir, entry["cam"]), "Grad-CAM")
     top = "".join(f'<li>{esc(t["name"])} {t["probability"]:.3f}</li>'
@@ -208,6 +230,50 @@ def mistakes_section(mistakes: Sequence[dict], output_dir: str, shown: int,
             f'most confident first, with the top-3 classes</p><div class="cards">{cards}</div>')
 
 
+def error_card(entry: dict, exif_transpose: bool) -> str:
+    """One image of large multi-label error: the image, its true and predicted labels, the
+    false positives and negatives with their probabilities."""
+    picture, where = picture_and_place(entry["image"], exif_transpose)
+    probability = entry.get("probabilities", {})
+
+    def labels(names):
+        return ", ".join(f"{esc(n)} {probability[n]:.3f}" if n in probability else esc(n)
+                         for n in names) or "none"
+    return (f'<div class="card">{picture}<div>true: <b>{labels(entry["true"])}</b></div>'
+            f'<div>predicted: <b>{labels(entry["predicted"])}</b></div>'
+            f'<div class="wrong">false positives: {labels(entry["false_positives"])}; '
+            f'false negatives: {labels(entry["false_negatives"])}</div>'
+            f'<div>largest error {entry["max_error"]:.3f}</div>{where}</div>')
+
+
+def errors_section(errors: Sequence[dict], shown: int, exif_transpose: bool) -> str:
+    if not errors:
+        return "<p>no images</p>"
+    cards = "".join(error_card(entry, exif_transpose) for entry in errors[:shown])
+    return (f"<p>the {min(shown, len(errors))} images of largest error (the largest "
+            f"|probability - target| over their classes) first</p>"
+            f'<div class="cards">{cards}</div>')
+
+
+def png_tag(data: bytes, element_id: str, alt: str) -> str:
+    """An ``<img>`` of the PNG bytes ``data``, embedded, as wide as the page at most."""
+    encoded = base64.b64encode(data).decode("ascii")
+    return (f'<img id="{element_id}" alt="{esc(alt)}" src="data:image/png;base64,{encoded}" '
+            f'style="max-width:100%">')
+
+
+def pr_curves_section(path: str | None) -> str:
+    """The precision-recall picture at ``path`` embedded, or a note naming why it is not."""
+    if path is None:
+        return ('<p class="note">no precision-recall picture (eval.py draws it with plot '
+                "true)</p>")
+    try:
+        with open(path, "rb") as f:
+            return png_tag(f.read(), "pr-curves", "precision-recall curves per class")
+    except OSError as err:
+        return f'<p class="note">precision-recall picture not shown: {esc(path)}: {esc(err)}</p>'
+
+
 def curves_section(metrics_path: str) -> str:
     """The training curves of ``metrics_path`` as an embedded PNG, or a note naming why not."""
     try:
@@ -219,9 +285,7 @@ def curves_section(metrics_path: str) -> str:
     except ImportError:
         return ('<p class="note">training curves not drawn: matplotlib is not installed '
                 "(requirements-dev.txt)</p>")
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return (f'<p>{esc(metrics_path)}</p><img id="curves" alt="training curves" '
-            f'src="data:image/png;base64,{data}" style="max-width:100%">')
+    return f'<p>{esc(metrics_path)}</p>' + png_tag(buffer.getvalue(), "curves", "training curves")
 
 
 def run_folder_of(checkpoint_path: str) -> str | None:
@@ -230,38 +294,71 @@ def run_folder_of(checkpoint_path: str) -> str | None:
     return (os.path.dirname(checkpoint_path) or ".") if os.path.isfile(checkpoint_path) else None
 
 
+def class_section(per_class: Sequence[dict], columns: Sequence[tuple[str, str]]) -> tuple:
+    return ("per-class-results", f"Per-class results ({len(per_class)} classes; click a "
+            "column to sort)", f'<div class="scroll">{class_table(per_class, columns)}</div>')
+
+
+def multiclass_sections(result: dict, *, output_dir: str, shown: int, exif_transpose: bool,
+                        pr_curves: str | None) -> list[tuple[str, str, str]]:
+    """The sections of a multi-class result: per class, confusion matrix, misclassified."""
+    names = [c["name"] for c in result["per_class"]]
+    return [class_section(result["per_class"], CLASS_COLUMNS),
+            ("confusion-matrix", "Confusion matrix",
+             confusion_section(result["confusion_matrix"], names)),
+            ("misclassified-images", "Misclassified images",
+             mistakes_section(result["misclassified"], output_dir, shown, exif_transpose))]
+
+
+def multilabel_sections(result: dict, *, output_dir: str, shown: int, exif_transpose: bool,
+                        pr_curves: str | None) -> list[tuple[str, str, str]]:
+    """The sections of a multi-label result: per class, PR curves, largest errors."""
+    return [class_section(result["per_class"], MULTILABEL_COLUMNS),
+            ("precision-recall-curves", "Precision-recall curves", pr_curves_section(pr_curves)),
+            ("largest-errors", "Images of largest error",
+             errors_section(result["largest_errors"], shown, exif_transpose))]
+
+
+PAGE_KINDS = {"multiclass": (HEADLINE, multiclass_sections),  # result["task"] -> its page
+              "multilabel": (MULTILABEL_HEADLINE, multilabel_sections)}
+
+
 def build_report_page(result: dict, *, output_dir: str, eval_config: str,
                       run_folder: str | None = None, shown: int = SHOWN_IMAGES,
-                      exif_transpose: bool = False) -> str:
+                      exif_transpose: bool = False, pr_curves: str | None = None) -> str:
     """The report page of an evaluation.
 
     Args:
         result: ``eval_result.json``'s content (eval.py: the summary and
-            ``ClassReport.summary()``).
+            ``ClassReport.summary()``; with ``task`` multilabel,
+            ``MultiLabelReport.summary()``).
         output_dir: The page's folder; ``cam`` paths are relative to it.
         eval_config: The eval run's config (YAML text).
         run_folder: Where ``metrics.jsonl`` and the training ``config.yaml`` are looked for
             (``run_folder_of``); None: no training sections.
-        shown: How many misclassified images are shown.
+        shown: How many misclassified (multi-label: largest-error) images are shown.
         exif_transpose: Their thumbnails turned upright first, as eval read them.
+        pr_curves: Multi-label: the PNG of ``MultiLabelReport.plot_pr_curves``, embedded.
 
     Returns:
         The HTML document.
+
+    Raises:
+        ValueError: If ``result["task"]`` is not a key of ``PAGE_KINDS``.
     """
-    names = [c["name"] for c in result["per_class"]]
+    task = result.get("task", "multiclass")
+    if task not in PAGE_KINDS:
+        raise ValueError(f"task {task!r}: the report page knows {', '.join(PAGE_KINDS)}")
+    items, task_sections = PAGE_KINDS[task]
     title = f"Evaluation report: {result.get('net_name', '')} on {result.get('data_path', '')}"
     metrics = train_config = None
     if run_folder:
         metrics, train_config = (os.path.join(run_folder, name) for name in (
             METRICS_FILE, TRAIN_CONFIG_FILE))
-    sections = [  # (anchor, heading, content); the headline above them
-        ("run", "Run", run_table(result)),
-        ("per-class-results", f"Per-class results ({len(names)} classes; click a column to "
-         "sort)", f'<div class="scroll">{class_table(result["per_class"])}</div>'),
-        ("confusion-matrix", "Confusion matrix",
-         confusion_section(result["confusion_matrix"], names)),
-        ("misclassified-images", "Misclassified images",
-         mistakes_section(result["misclassified"], output_dir, shown, exif_transpose))]
+    # (anchor, heading, content) of each section; the headline above them
+    sections = [("run", "Run", run_table(result, items))] + task_sections(
+        result, output_dir=output_dir, shown=shown, exif_transpose=exif_transpose,
+        pr_curves=pr_curves)
     if metrics and os.path.isfile(metrics):
         sections.insert(1, ("training-curves", "Training curves", curves_section(metrics)))
     sections.append(("eval-config-section", "Eval config",
@@ -272,7 +369,7 @@ def build_report_page(result: dict, *, output_dir: str, eval_config: str,
                              f'<pre id="train-config">{esc(f.read())}</pre>'))
     nav = " | ".join(f'<a href="#{anchor}">{esc(heading.split(" (")[0])}</a>'
                      for anchor, heading, _ in sections)
-    parts = [f"<h1>{esc(title)}</h1>", headline(result), f"<nav>{nav}</nav>"] + [
+    parts = [f"<h1>{esc(title)}</h1>", headline(result, items), f"<nav>{nav}</nav>"] + [
         f'<h2 id="{anchor}">{esc(heading)}</h2>\n{body}' for anchor, heading, body in sections]
     return (f'<!DOCTYPE html>\n<html lang="en" data-errors="0"><head><meta charset="utf-8">'
             f"<title>{esc(title)}</title><style>{STYLE}</style>"

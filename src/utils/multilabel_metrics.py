@@ -53,6 +53,20 @@ def ranked_counts(score: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, 
     return score[last], true, last + 1 - true
 
 
+def precision_recall_points(score: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One class's precision-recall curve: at each distinct score, highest first, the recall
+    and precision of predicting every image scoring at least that much.
+
+    Args:
+        score: (N,) float; positive: (N,) bool with at least one True.
+
+    Returns:
+        (recall (M,), precision (M,)) float64, recall rising to 1.
+    """
+    _, true, false = ranked_counts(score, positive)
+    return true / true[-1], true / (true + false)
+
+
 def average_precisions(scores: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Average precision of each class: sum over distinct thresholds of (R_n - R_{n-1}) P_n
     (scikit-learn's ``average_precision_score``, ties one threshold).
@@ -67,15 +81,18 @@ def average_precisions(scores: np.ndarray, targets: np.ndarray) -> np.ndarray:
     scores, targets = checked(scores, targets)
     result = np.full(scores.shape[1], np.nan)
     for k in np.flatnonzero(targets.any(axis=0)):
-        _, true, false = ranked_counts(scores[:, k], targets[:, k])
-        recall = true / true[-1]
-        result[k] = np.sum(np.diff(recall, prepend=0.0) * true / (true + false))
+        recall, precision = precision_recall_points(scores[:, k], targets[:, k])
+        result[k] = np.sum(np.diff(recall, prepend=0.0) * precision)
     return result
 
 
 def mean_average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
     """mAP: the mean of ``average_precisions`` over the classes with a positive; NaN if none."""
-    ap = average_precisions(scores, targets)
+    return mean_of_known(average_precisions(scores, targets))
+
+
+def mean_of_known(ap: np.ndarray) -> float:
+    """The mean of the APs that are not NaN (mAP from ``average_precisions``); NaN if none."""
     known = ap[~np.isnan(ap)]
     return float(known.mean()) if known.size else float("nan")
 
@@ -84,6 +101,18 @@ def ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
     """``top / bottom`` as float64, 0.0 where ``bottom`` is 0 (``zero_division=0``)."""
     top, bottom = np.asarray(top, np.float64), np.asarray(bottom, np.float64)
     return np.divide(top, bottom, out=np.zeros_like(top), where=bottom > 0)
+
+
+def decisions(scores: np.ndarray, thresholds: np.ndarray | float) -> np.ndarray:
+    """The labels predicted: bool (N, K), True iff a score is >= its class's threshold.
+
+    Raises:
+        ValueError: If ``thresholds`` is neither one value nor (K,).
+    """
+    thresholds = np.asarray(thresholds)
+    if thresholds.ndim > 1 or thresholds.size not in (1, scores.shape[1]):
+        raise ValueError(f"thresholds {thresholds.shape}: expected one or {scores.shape[1]}")
+    return scores >= thresholds
 
 
 def threshold_metrics(scores: np.ndarray, targets: np.ndarray,
@@ -103,10 +132,7 @@ def threshold_metrics(scores: np.ndarray, targets: np.ndarray,
         over all K classes) and ``micro_*`` (of the counts summed over classes) floats.
     """
     scores, targets = checked(scores, targets)
-    thresholds = np.asarray(thresholds)
-    if thresholds.ndim > 1 or thresholds.size not in (1, scores.shape[1]):
-        raise ValueError(f"thresholds {thresholds.shape}: expected one or {scores.shape[1]}")
-    predicted = scores >= thresholds
+    predicted = decisions(scores, thresholds)
     true = (predicted & targets).sum(axis=0)
     guessed, support = predicted.sum(axis=0), targets.sum(axis=0)
     out = {"precision": ratio(true, guessed), "recall": ratio(true, support),
