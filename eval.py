@@ -66,6 +66,7 @@ from src.training.model import classification_metrics
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
+from src.utils.errors import UserError
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
 from src.utils.multilabel_metrics import tune_thresholds
