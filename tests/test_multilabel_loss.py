@@ -124,27 +124,30 @@ def test_asl_and_gradient_equal_torch(settings, reduction):
         logits, targets)
 
 
-@pytest.mark.parametrize("graph", [False, True])
-def test_asl_focus_grad_matches_torch_through_the_weight(graph):
+def test_asl_focus_grad_matches_torch_through_the_weight():
     """``focus_grad``: the gradient flows through (1 - pt) ** g as in the authors'
-    AsymmetricLossOptimized default, compiled too; it differs from the detached default."""
+    AsymmetricLossOptimized default; it differs from the detached default."""
     logits, targets = fixed_batch()
     settings = dict(gamma_neg=4.0, gamma_pos=1.0, clip=0.05)
     check_against_torch(
         AsymmetricLoss(**settings, focus_grad=True),
         lambda x, y: torch_asl(x, y, **settings, focus_grad=True, reduction="mean"),
-        logits, targets, graph=graph)
+        logits, targets)
     grads = [ms.grad(lambda x, fg=fg: AsymmetricLoss(focus_grad=fg)(x, ms.Tensor(targets)))(
         ms.Tensor(logits)).asnumpy() for fg in (False, True)]
     assert np.abs(grads[0] - grads[1]).max() > 1e-3
 
 
-def test_asl_graph_mode_default():
+@pytest.mark.parametrize("name", ["bce", "asl"])
+def test_graph_mode_defaults(name):
+    """Compiled as training compiles them: BCE without pos_weight, ASL's detached weight."""
     logits, targets = fixed_batch()
-    check_against_torch(
-        AsymmetricLoss(), lambda x, y: torch_asl(
-            x, y, gamma_neg=4.0, gamma_pos=1.0, clip=0.05, focus_grad=False, reduction="mean"),
-        logits, targets, graph=True)
+    if name == "bce":
+        loss_fn, reference = MultiLabelBCE(K), lambda x, y: torch_bce(x, y, None, "mean")
+    else:
+        loss_fn, reference = AsymmetricLoss(), lambda x, y: torch_asl(
+            x, y, gamma_neg=4.0, gamma_pos=1.0, clip=0.05, focus_grad=False, reduction="mean")
+    check_against_torch(loss_fn, reference, logits, targets, graph=True)
 
 
 def test_asl_saturated_gamma_zero_has_no_nan_gradient():
