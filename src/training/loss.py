@@ -353,6 +353,7 @@ def create_loss(loss: str, label_smoothing: float, class_num: int, *,
         raise ValueError(f"loss {loss!r} is not defined for task {task}; task {task} takes "
                          f"loss {' or '.join(sorted(losses))}")
     return losses[loss](LossSettings(
-        label_smoothing=label_smoothing, class_num=class_num, bce_target_threshold=bce_target_threshold,
-        soft_targets=soft_targets, class_weights=class_weights, asl_gamma_neg=asl_gamma_neg,
-        asl_gamma_pos=asl_gamma_pos, asl_clip=asl_clip, reduction=reduction))
+        label_smoothing=label_smoothing, class_num=class_num,
+        bce_target_threshold=bce_target_threshold, soft_targets=soft_targets,
+        class_weights=class_weights, asl_gamma_neg=asl_gamma_neg, asl_gamma_pos=asl_gamma_pos,
+        asl_clip=asl_clip, reduction=reduction))
