@@ -1,0 +1,116 @@
+"""End to end on the shipped multi-label mosaics (data/cifar10_mosaics): a short training run
+learns (its mAP above the label-frequency baseline and above every mAP of its own scores shuffled
+over the images), eval.py reports the run's own evaluation, thresholds tuned by eval.py reach
+predict.py."""
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from src.data.settings import EvalPreprocess
+from src.deploy.inference import load_network, preprocess_images
+from src.utils.multilabel_metrics import mean_average_precision, sigmoid
+from tests.helpers import ROOT, run_entry, run_in_process, succeeded
+
+# every test here trains or runs an entry point on the trained checkpoint: the slow tier
+pytestmark = pytest.mark.slow
+
+MOSAICS = os.path.join(ROOT, "data", "cifar10_mosaics")
+RECIPE = ["--config_path", "configs/multilabel_quick_start.yaml", "--num_parallel_workers", "2"]
+PERMUTATIONS = 199  # the trained mAP above all of them: p < 1/200 that scores and labels are unrelated
+
+
+def read_targets(name, classes):
+    """(image files, float32 multi-hot targets) of a shipped label file, in row order."""
+    with open(os.path.join(MOSAICS, name), encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    targets = np.zeros((len(rows), len(classes)), np.float32)
+    for i, (_, tags) in enumerate(rows):
+        for tag in tags.split():
+            targets[i, classes.index(tag)] = 1
+    return [file for file, _ in rows], targets
+
+
+@pytest.fixture(scope="module")
+def ml_run(tmp_path_factory):
+    """train.py of configs/multilabel_quick_start.yaml cut to 2 epochs (evaluated after the
+    second) in a fresh interpreter; its folder, records, class names and best checkpoint."""
+    out = str(tmp_path_factory.mktemp("multilabel_run"))
+    succeeded(run_entry("train.py", *RECIPE, "--epoch_size", "2", "--output_dir", out,
+                        timeout=900))
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    with open(os.path.join(out, "class_names.txt"), encoding="utf-8") as f:
+        classes = f.read().split()
+    return {"out": out, "records": records, "classes": classes,
+            "ckpt": os.path.join(out, "resnet18-best.ckpt")}
+
+
+@pytest.fixture(scope="module")
+def val_scores(ml_run):
+    """The best checkpoint's sigmoid scores of the 150 val mosaics, computed here (network in
+    graph mode, eval preprocessing at 64 px), and their targets."""
+    net = load_network("resnet18", 10, ml_run["ckpt"])
+    files, targets = read_targets("val.csv", ml_run["classes"])
+    images = preprocess_images([os.path.join(MOSAICS, f) for f in files],
+                               EvalPreprocess(image_size=64, resize=64))
+    import mindspore as ms
+    logits = np.concatenate([net(ms.Tensor(images[i:i + 50])).asnumpy()
+                             for i in range(0, len(images), 50)])
+    return sigmoid(logits), targets
+
+
+def test_the_run_learns_beyond_chance_and_label_frequencies(ml_run, val_scores):
+    """The run's mAP on the val mosaics beats (a) the label-frequency baseline: every image
+    scored by the class's training frequency, whose AP per class is the class's val prevalence,
+    and (b) every one of 199 mAPs of the same scores given to randomly permuted images: if the
+    scores knew nothing of the images, the trained mAP would be the largest of the 200 with
+    probability 1/200."""
+    scores, targets = val_scores
+    trained = mean_average_precision(scores, targets)
+    _, train_targets = read_targets("train.csv", ml_run["classes"])
+    frequencies = np.broadcast_to(train_targets.mean(axis=0), targets.shape)
+    baseline = mean_average_precision(frequencies, targets)
+    rng = np.random.default_rng(0)
+    null = [mean_average_precision(scores[rng.permutation(len(scores))], targets)
+            for _ in range(PERMUTATIONS)]
+    assert baseline == pytest.approx(targets.mean(axis=0).mean())  # AP = prevalence
+    assert trained > max(null) and trained > baseline, (trained, max(null), baseline)
+
+
+def test_the_run_evaluates_on_map_and_keeps_the_best(ml_run, val_scores):
+    """The epoch record carries mAP (not top-1), best_mAP and the 150 val images; the best
+    checkpoint's scores computed here give the recorded mAP."""
+    last = ml_run["records"][-1]
+    assert "top1" not in last and last["eval_images"] == 150
+    assert last["best_mAP"] == max(r["mAP"] for r in ml_run["records"] if "mAP" in r)
+    assert mean_average_precision(*val_scores) == pytest.approx(last["best_mAP"], abs=1e-6)
+
+
+def test_eval_reports_the_runs_map_and_tuned_thresholds_reach_predict(ml_run, tmp_path):
+    """eval.py (the task read from the checkpoint) gives the run's own mAP; with
+    tune_thresholds it writes thresholds.json beside the checkpoint, and predict.py then
+    labels an image with exactly the classes at or above those thresholds."""
+    result = succeeded(run_in_process(
+        "eval.py", *RECIPE, "--checkpoint_path", ml_run["ckpt"], "--label_file",
+        os.path.join(MOSAICS, "val.csv"), "--tune_thresholds", "true",
+        "--output_dir", str(tmp_path)))
+    with open(tmp_path / "eval_result.json", encoding="utf-8") as f:
+        evaluated = json.load(f)
+    assert evaluated["task"] == "multilabel" and evaluated["images"] == 150
+    assert evaluated["mAP"] == pytest.approx(ml_run["records"][-1]["best_mAP"], abs=1e-6)
+    for name in ("per_class.csv", "per_class.md", "pr_curves.png", "report.html"):
+        assert (tmp_path / name).is_file(), result.stdout
+    with open(os.path.join(ml_run["out"], "thresholds.json"), encoding="utf-8") as f:
+        tuned = np.array(json.load(f)["thresholds"], np.float32)
+    assert [c["threshold"] for c in evaluated["per_class"]] == pytest.approx(tuned.tolist())
+    image = os.path.join(MOSAICS, "val", "0001.jpg")
+    predicted = succeeded(run_in_process("predict.py", *RECIPE, "--checkpoint_path",
+                                         ml_run["ckpt"], "--image_path", image, "--top_k", "10"))
+    line = json.loads(predicted.stdout.strip().splitlines()[-1])
+    probabilities = {c["class"]: c["probability"] for c in line["top"]}
+    assert len(probabilities) == 10
+    expected = [k for k in range(10) if np.float32(probabilities[k]) >= tuned[k]]
+    assert sorted(c["class"] for c in line["labels"]) == expected
