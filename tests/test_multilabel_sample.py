@@ -105,7 +105,14 @@ def test_every_class_and_every_label_count_occurs(split):
     assert {len(names) for names in labels} == set(range(5))
 
 
+SHIPPED_ENCODER = "3.2.0"  # the libjpeg-turbo of the Pillow that encoded the shipped JPEGs
+
+
 def test_the_tool_rebuilds_the_sample_byte_for_byte(tmp_path):
+    """The same files; the label files byte for byte, the JPEGs too when this Pillow encodes
+    with the libjpeg-turbo the shipped ones were made with (another encoder's bytes differ:
+    the pixel test above still checks every tile)."""
+    from PIL import features
     out = tmp_path / "mosaics"
     tool.build(str(out))
 
@@ -114,9 +121,15 @@ def test_the_tool_rebuilds_the_sample_byte_for_byte(tmp_path):
                       for d, _, names in os.walk(root) for f in names)
 
     assert files(out) == files(MOSAICS)
-    changed = [f for f in files(MOSAICS)
+    same_encoder = features.version("libjpeg_turbo") == SHIPPED_ENCODER
+    compared = [f for f in files(MOSAICS) if same_encoder or not f.endswith(".jpg")]
+    changed = [f for f in compared
                if (out / f).read_bytes() != open(os.path.join(MOSAICS, f), "rb").read()]
     assert changed == []
+    if not same_encoder:
+        pytest.skip(f"JPEG bytes not compared: this Pillow encodes with libjpeg-turbo "
+                    f"{features.version('libjpeg_turbo')}, the shipped files with "
+                    f"{SHIPPED_ENCODER} (label files compared)")
 
 
 def test_the_tool_refuses_a_folder_holding_other_files(tmp_path):
