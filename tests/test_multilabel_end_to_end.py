@@ -114,3 +114,50 @@ def test_eval_reports_the_runs_map_and_tuned_thresholds_reach_predict(ml_run, tm
     assert len(probabilities) == 10
     expected = [k for k in range(10) if np.float32(probabilities[k]) >= tuned[k]]
     assert sorted(c["class"] for c in line["labels"]) == expected
+
+
+# Every fine-tuning key at once on 32 mosaics (24 train after val_split, 32 px, 2 accumulated
+# micro-batches of 4: 3 optimizer steps per epoch, 9 in all): LP-FT's switch after epoch 1,
+# frozen stages and BatchNorm, layer decay, an EMA chosen on, class_balance loss (pos_weight),
+# multi-hot mixup, early stopping's state, mAP evaluated every epoch.
+FINE_TUNING = ["--eval_data_path", "", "--eval_label_file", "", "--val_split", "0.25",
+               "--train_image_size", "32", "--eval_image_size", "32", "--eval_resize", "32",
+               "--batch_size", "4", "--grad_accumulation_steps", "2", "--epoch_size", "3",
+               "--eval_interval", "1", "--linear_probe_epochs", "1", "--ema_decay", "0.9",
+               "--best_on_ema", "true", "--layer_decay", "0.8", "--trainable_layers", "3",
+               "--freeze_bn", "true", "--class_balance", "loss", "--mixup_alpha", "0.2",
+               "--early_stopping_patience", "5", "--save_checkpoint_steps", "2",
+               "--keep_checkpoint_max", "20"]
+
+
+def test_fine_tuning_keys_train_multilabel_and_resume_bit_exact(tmp_path):
+    """A multi-label run with every fine-tuning key trains, evaluates mAP and its EMA's, and a
+    copy of its folder resumed from the step-4 checkpoint (mid-epoch 2, after LP-FT's switch)
+    ends bit-identical to it: weights, optimizer state, EMA, best and early-stop state."""
+    import shutil
+
+    import mindspore as ms
+
+    from tests.helpers import train_in_process
+    with open(os.path.join(MOSAICS, "train.csv"), encoding="utf-8") as f:
+        (tmp_path / "train.csv").write_text("".join(f.readlines()[:33]))
+    args = [*RECIPE, "--label_file", str(tmp_path / "train.csv"), *FINE_TUNING]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert train_in_process(*args, "--output_dir", str(full)) == 0
+    records = [json.loads(line) for line in open(full / "metrics.jsonl", encoding="utf-8")]
+    assert [r["epoch"] for r in records if "ema_mAP" in r] == [1, 2, 3]
+    shutil.copytree(full, resumed)
+    for name in ("resnet18-2_3.ckpt", "resnet18-3_2.ckpt", "resnet18-3_3.ckpt"):
+        os.remove(resumed / name)
+    assert train_in_process(*args, "--output_dir", str(resumed), "--resume_ckpt", "auto") == 0
+    reference = ms.load_checkpoint(str(full / "resnet18-3_3.ckpt"))
+    final = ms.load_checkpoint(str(resumed / "resnet18-3_3.ckpt"))
+    assert set(final) == set(reference)
+    assert any(n.startswith("ema.") for n in reference)
+    for name, value in reference.items():
+        if name == "run_config":  # the resumed run's says resume_ckpt auto
+            continue
+        if isinstance(value, str):
+            assert final[name] == value, name
+        else:
+            np.testing.assert_array_equal(final[name].asnumpy(), value.asnumpy(), err_msg=name)
