@@ -236,6 +236,27 @@ def test_training_shuffles_with_the_dataset_seed(labelled, dataset_seed):
     assert len(first[1]) == 13
 
 
+def test_a_pipeline_started_later_reads_the_same_rows(labelled, dataset_seed):
+    """Resume (``set_init_step``, sink mode): the passes after the skipped ones draw the rows
+    of an uninterrupted pipeline's, epoch by epoch (each pass its own permutation)."""
+    table = read_label_file(labelled["csv"], labelled["root"])
+
+    def pipeline():
+        ds.config.set_seed(21)
+        return create_dataset(labelled["root"], TrainAugment(image_size=32), batch_size=4,
+                              labels=table)
+
+    it = pipeline().create_tuple_iterator(num_epochs=3, output_numpy=True)
+    whole = [np.concatenate([y for _, y in it]) for _ in range(3)]
+    resumed = pipeline()
+    resumed.set_init_step(3)  # one epoch of 3 batches
+    it = resumed.create_tuple_iterator(num_epochs=3, output_numpy=True)
+    again = [np.concatenate([y for _, y in it]) for _ in range(2)]
+    assert not np.array_equal(whole[1], whole[2])
+    for expected, got in zip(whole[1:], again):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_aug_repeats_read_each_drawn_row_twice(labelled, dataset_seed):
     table = read_label_file(labelled["csv"], labelled["root"])
     ds.config.set_seed(9)
@@ -350,6 +371,15 @@ def test_split_sizes_determinism_and_errors():
 
 
 @pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5])
+def test_split_sizes_exact_when_every_image_has_a_label(fraction):
+    y = synthetic_targets()
+    y[y.sum(1) == 0, 0] = 1  # no unlabelled image to fill a side up at the end
+    for seed in range(3):
+        train, val = multilabel_split(y, fraction, seed=seed)
+        assert (len(train), len(val)) == (300 - round(fraction * 300), round(fraction * 300))
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5, 0.9])
 def test_split_fraction_and_rare_labels_on_both_sides(fraction):
     y = synthetic_targets()
     y[:7] = 0  # images without a label
