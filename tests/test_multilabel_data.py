@@ -76,6 +76,18 @@ def test_table_in_row_order_with_an_all_zero_row(labelled):
     assert not table.targets[5].any() and table.targets[7].sum() == 2  # "dog ship dog"
 
 
+def test_a_changed_file_is_read_again_and_tables_are_copies(labelled, tmp_path):
+    csv = write_csv(tmp_path / "l.csv", "image_name,tags", [(labelled["files"][0], "cat")])
+    first = read_label_file(csv, labelled["root"])
+    first.targets[:] = 0
+    first.files.append("x")
+    again = read_label_file(csv, labelled["root"])
+    assert again.files == labelled["files"][:1] and again.targets.tolist() == [[1]]
+    write_csv(csv, "image_name,tags", [(labelled["files"][0], "cat dog")])
+    os.utime(csv, ns=(1, 1))  # another modification time, whatever the clock's resolution
+    assert read_label_file(csv, labelled["root"]).class_names == ["cat", "dog"]
+
+
 def test_given_class_names_set_the_columns(labelled, tmp_path):
     order = ["ship", "plane", "dog", "cat", "bird"]  # a class no row uses: a zero column
     csv = write_csv(tmp_path / "l.csv", "path,labels",
@@ -175,6 +187,10 @@ def test_eval_reads_the_rows_in_file_order_as_class_folders_decode_them(labelled
     folder_images, _ = columns(create_dataset(os.path.join(labelled["root"], "folders"), EVAL,
                                               batch_size=5, num_parallel_workers=2))
     np.testing.assert_array_equal(images, folder_images)  # same files, same order, same ops
+    mixer = BatchMixer(mixup_alpha=1.0, label_smoothing=0.0, class_num=4)
+    _, unmixed = columns(create_dataset(labelled["root"], EVAL, batch_size=4, labels=table,
+                                        batch_transform=mixer))
+    np.testing.assert_array_equal(unmixed, table.targets)  # eval mixes nothing
 
 
 @pytest.fixture()
