@@ -76,6 +76,18 @@ def test_table_in_row_order_with_an_all_zero_row(labelled):
     assert not table.targets[5].any() and table.targets[7].sum() == 2  # "dog ship dog"
 
 
+def test_a_changed_file_is_read_again_and_tables_are_copies(labelled, tmp_path):
+    csv = write_csv(tmp_path / "l.csv", "image_name,tags", [(labelled["files"][0], "cat")])
+    first = read_label_file(csv, labelled["root"])
+    first.targets[:] = 0
+    first.files.append("x")
+    again = read_label_file(csv, labelled["root"])
+    assert again.files == labelled["files"][:1] and again.targets.tolist() == [[1]]
+    write_csv(csv, "image_name,tags", [(labelled["files"][0], "cat dog")])
+    os.utime(csv, ns=(1, 1))  # another modification time, whatever the clock's resolution
+    assert read_label_file(csv, labelled["root"]).class_names == ["cat", "dog"]
+
+
 def test_given_class_names_set_the_columns(labelled, tmp_path):
     order = ["ship", "plane", "dog", "cat", "bird"]  # a class no row uses: a zero column
     csv = write_csv(tmp_path / "l.csv", "path,labels",
@@ -175,6 +187,10 @@ def test_eval_reads_the_rows_in_file_order_as_class_folders_decode_them(labelled
     folder_images, _ = columns(create_dataset(os.path.join(labelled["root"], "folders"), EVAL,
                                               batch_size=5, num_parallel_workers=2))
     np.testing.assert_array_equal(images, folder_images)  # same files, same order, same ops
+    mixer = BatchMixer(mixup_alpha=1.0, label_smoothing=0.0, class_num=4)
+    _, unmixed = columns(create_dataset(labelled["root"], EVAL, batch_size=4, labels=table,
+                                        batch_transform=mixer))
+    np.testing.assert_array_equal(unmixed, table.targets)  # eval mixes nothing
 
 
 @pytest.fixture()
@@ -234,6 +250,27 @@ def test_training_shuffles_with_the_dataset_seed(labelled, dataset_seed):
     np.testing.assert_array_equal(first[0], again[0])  # crops reproducible too
     np.testing.assert_array_equal(first[1], table.targets[expected])
     assert len(first[1]) == 13
+
+
+def test_a_pipeline_started_later_reads_the_same_rows(labelled, dataset_seed):
+    """Resume (``set_init_step``, sink mode): the passes after the skipped ones draw the rows
+    of an uninterrupted pipeline's, epoch by epoch (each pass its own permutation)."""
+    table = read_label_file(labelled["csv"], labelled["root"])
+
+    def pipeline():
+        ds.config.set_seed(21)
+        return create_dataset(labelled["root"], TrainAugment(image_size=32), batch_size=4,
+                              labels=table)
+
+    it = pipeline().create_tuple_iterator(num_epochs=3, output_numpy=True)
+    whole = [np.concatenate([y for _, y in it]) for _ in range(3)]
+    resumed = pipeline()
+    resumed.set_init_step(3)  # one epoch of 3 batches
+    it = resumed.create_tuple_iterator(num_epochs=3, output_numpy=True)
+    again = [np.concatenate([y for _, y in it]) for _ in range(2)]
+    assert not np.array_equal(whole[1], whole[2])
+    for expected, got in zip(whole[1:], again):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_aug_repeats_read_each_drawn_row_twice(labelled, dataset_seed):
@@ -350,6 +387,15 @@ def test_split_sizes_determinism_and_errors():
 
 
 @pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5])
+def test_split_sizes_exact_when_every_image_has_a_label(fraction):
+    y = synthetic_targets()
+    y[y.sum(1) == 0, 0] = 1  # no unlabelled image to fill a side up at the end
+    for seed in range(3):
+        train, val = multilabel_split(y, fraction, seed=seed)
+        assert (len(train), len(val)) == (300 - round(fraction * 300), round(fraction * 300))
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5, 0.9])
 def test_split_fraction_and_rare_labels_on_both_sides(fraction):
     y = synthetic_targets()
     y[:7] = 0  # images without a label

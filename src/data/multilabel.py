@@ -214,7 +214,7 @@ def multilabel_split(targets: np.ndarray, val_fraction: float, seed: int
     """Ascending int64 (train_rows, val_rows) of multi-hot ``targets`` (N, K): iterative
     stratification (Sechidis, Tsoumakas, Vlahavas 2011, "On the stratification of multi-label
     data", Algorithm 1) into ``round(val_fraction * N)`` and the rest, a function of (targets,
-    val_fraction, seed); a label of >= 2 images wants at least 1 held out
+    val_fraction, seed); a label of >= 2 images wants at least 1 image on each side
     (docs/data.md#the-split-iterative-stratification).
 
     Raises:
@@ -234,7 +234,7 @@ def multilabel_split(targets: np.ndarray, val_fraction: float, seed: int
     rng = np.random.default_rng([int(seed) % 2 ** 64, SPLIT_STREAM])
     order = rng.permutation(n)  # the order examples are taken in, ties broken by it too
     per_label = targets.sum(0).astype(np.float64)
-    wanted_val = np.where(per_label >= 2, np.maximum(1.0, val_fraction * per_label),
+    wanted_val = np.where(per_label >= 2, np.clip(val_fraction * per_label, 1, per_label - 1),
                           val_fraction * per_label)
     wanted = np.stack([per_label - wanted_val, wanted_val])  # (2, K): train, val
     room = np.array([n - held, held], np.int64)  # images each side still takes

@@ -41,7 +41,8 @@ def create_dataset(data_path: str, settings: TrainAugment | EvalPreprocess, *,
     ``batch_transform`` returns.
 
     Args:
-        data_path: Class-folder root, or folder of the CIFAR-10 ``.bin`` files.
+        data_path: Class-folder root, or folder of the CIFAR-10 ``.bin`` files (with
+            ``labels``: the folder the table was read from; its ``paths`` are read).
         settings: ``TrainAugment`` (training: augmented, shuffled, last partial batch
             dropped) or ``EvalPreprocess`` (eval: in order, every image).
         dataset: ``imagefolder`` or ``cifar10`` (``DATASET_READERS``).
