@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 MOSAICS = os.path.join(ROOT, "data", "cifar10_mosaics")
 RECIPE = ["--config_path", "configs/multilabel_quick_start.yaml", "--num_parallel_workers", "2"]
-PERMUTATIONS = 199  # the trained mAP above all of them: p < 1/200 that scores and labels are unrelated
+PERMUTATIONS = 199  # the trained mAP above all: p < 1/200 that scores and labels are unrelated
 
 
 def read_targets(name, classes):

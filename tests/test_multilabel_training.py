@@ -124,3 +124,25 @@ def test_the_scores_of_a_shard_leave_its_padding_out():
     np.testing.assert_array_equal(kept.scores, sigmoid(logits.reshape(12, 5)[:10]))
     np.testing.assert_array_equal(kept.targets, targets.reshape(12, 5)[:10])
     assert kept.loss_sum == pytest.approx(float(losses.reshape(-1)[:10].astype(np.float64).sum()))
+
+
+def test_the_curves_of_a_multilabel_run_draw_its_map():
+    """The training curves' eval panel shows mAP for multi-label records (no top1), top-1
+    otherwise, in %."""
+    import io
+
+    from src.utils.curves import plot_runs, score_of
+    multilabel = [{"epoch": 1, "loss": 0.6, "lr": 0.1, "mAP": 0.3},
+                  {"epoch": 2, "loss": 0.5, "lr": 0.05, "mAP": 0.4}]
+    assert score_of([("run", multilabel)]) == "mAP"
+    assert score_of([("run", [dict(r, top1=0.5) for r in multilabel])]) == "top1"
+    import matplotlib.pyplot as plt
+    drawn = []
+    original = plt.Axes.plot
+    try:
+        plt.Axes.plot = lambda ax, *a, **k: drawn.append((ax.get_title(), a)) or original(
+            ax, *a, **k)
+        plot_runs([("run", multilabel)], io.BytesIO())
+    finally:
+        plt.Axes.plot = original
+    assert ((1, 2), (30.0, 40.0)) in [a for _, a in drawn]

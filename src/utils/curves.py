@@ -10,6 +10,15 @@ import os
 from typing import BinaryIO
 
 PANELS = (("loss", "train loss (epoch mean)"), ("top1", "eval top-1"), ("lr", "learning rate"))
+SCORES = {"top1": "eval top-1", "mAP": "eval mAP"}
+"""The eval score of the middle panel: top-1, or mAP for multi-label runs (no ``top1``)."""
+
+
+def score_of(runs: list[tuple[str, list[dict]]]) -> str:
+    """``mAP`` when the records hold mAP and no top-1 (multi-label runs), else ``top1``."""
+    records = [r for _, run in runs for r in run]
+    return "mAP" if any("mAP" in r for r in records) and not any(
+        "top1" in r for r in records) else "top1"
 FIGSIZE = (13, 3.8)  # inches
 DPI = 90  # the PNG is FIGSIZE * DPI pixels: 1170 x 342
 
@@ -69,19 +78,22 @@ def plot_runs(runs: list[tuple[str, list[dict]]], output: str | BinaryIO,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=FIGSIZE)
+    score = score_of(runs)
+    panels = [(score if key == "top1" else key, name) for key, name in PANELS]
+    panels[1] = (score, SCORES[score])
+    fig, axes = plt.subplots(1, len(panels), figsize=FIGSIZE)
     for index, (label, records) in enumerate(runs):
         style = dict(marker="o", markersize=3, linewidth=1.4)
         style.update((styles or [{}] * len(runs))[index])
-        for ax, (key, _) in zip(axes, PANELS):
+        for ax, (key, _) in zip(axes, panels):
             points = [(r["epoch"], r[key]) for r in records if r.get(key) is not None]
-            if key == "top1":
+            if key == score:
                 points = [(e, 100.0 * v) for e, v in points]
             if points:
                 ax.plot(*zip(*points), label=label, **style)
-    for ax, (key, name) in zip(axes, PANELS):
+    for ax, (key, name) in zip(axes, panels):
         ax.set_xlabel("epoch")
-        ax.set_title(name + (" (%)" if key == "top1" else ""), fontsize=10)
+        ax.set_title(name + (" (%)" if key == score else ""), fontsize=10)
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].legend(fontsize=8)
