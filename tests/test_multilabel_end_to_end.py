@@ -76,6 +76,8 @@ def test_the_run_learns_beyond_chance_and_label_frequencies(ml_run, val_scores):
     rng = np.random.default_rng(0)
     null = [mean_average_precision(scores[rng.permutation(len(scores))], targets)
             for _ in range(PERMUTATIONS)]
+    print(f"\n[multilabel, 2 epochs] val mAP {trained:.4f}; label-frequency baseline "
+          f"{baseline:.4f}; shuffled scores at most {max(null):.4f}")
     assert baseline == pytest.approx(targets.mean(axis=0).mean())  # AP = prevalence
     assert trained > max(null) and trained > baseline, (trained, max(null), baseline)
 
