@@ -248,6 +248,16 @@ def test_calibration_images_are_spread_evenly_over_the_classes(tmp_path):
     assert sorted(counts.values()) == [25] * 4 + [26] * 6
 
 
+def test_a_folder_of_images_without_class_folders_calibrates_on_them_spread_evenly(tmp_path):
+    """Multi-label data is a folder of images (its labels in a CSV): calibration takes its
+    images, evenly spaced in name order; class folders beside no image still win."""
+    root = make_folders(tmp_path, [10])
+    flat = os.path.join(root, "c0")
+    assert names(select_calibration_images(flat, 3)) == ["c0/001.jpg", "c0/005.jpg",
+                                                         "c0/008.jpg"]
+    assert len(select_calibration_images(flat, 100)) == 10
+
+
 def test_the_reader_gives_eval_preprocessed_batches_of_the_export_size():
     paths = select_calibration_images(TRAIN, 7)
     reader = ImageCalibrationReader(paths, "image", 3, EvalPreprocess(image_size=32, resize=32))
@@ -268,8 +278,8 @@ def test_the_reader_gives_eval_preprocessed_batches_of_the_export_size():
     (["--file_format", "ONNX"], "calibration_data_path is empty"),
     (["--file_format", "ONNX", "--calibration_data_path", "nowhere"],
      "calibration_data_path 'nowhere' is not a folder"),
-    (["--file_format", "ONNX", "--calibration_data_path", os.path.join(TRAIN, "cat")],
-     "holds no class folders with images"),
+    (["--file_format", "ONNX", "--calibration_data_path",
+      os.path.join(os.path.dirname(CIFAR_SAMPLE), "..", "configs")], "holds no images"),
 ])
 def test_bad_int8_export_input_exits_2_naming_the_key(args, message, capsys, tmp_path):
     import export

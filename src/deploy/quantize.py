@@ -47,11 +47,15 @@ def check_quantize_config(quantize: str, file_format: str, calibration_data_path
 
 def _class_images(root):
     """Each class folder's images under ``root`` (sorted; macOS metadata skipped), classes
-    without images left out."""
+    without images left out; without any, ``root``'s own images as one group (a multi-label
+    image folder)."""
+    def images_in(folder):
+        return [os.path.join(folder, n) for n in sorted(os.listdir(folder))
+                if is_image_name(n) and not n.startswith(METADATA_PREFIX)]
+
     folders = sorted(e.path for e in os.scandir(root) if e.is_dir())
-    listed = ([os.path.join(folder, n) for n in sorted(os.listdir(folder))
-               if is_image_name(n) and not n.startswith(METADATA_PREFIX)] for folder in folders)
-    return [images for images in listed if images]
+    groups = [images for images in map(images_in, folders) if images]
+    return groups or [images for images in [images_in(root)] if images]
 
 
 def _spread(items, count):
@@ -64,17 +68,20 @@ def _spread(items, count):
 def select_calibration_images(root: str, count: int) -> list[str]:
     """``count`` images (all, if fewer) of ``root``'s class folders, taken round by round
     (the 1st of every class, then the 2nd, ...; a partial round spread evenly over the
-    classes): every class gives ``count // classes`` or one more, each batch mixes them.
+    classes): every class gives ``count // classes`` or one more, each batch mixes them. One
+    class folder, or a folder of images without any (multi-label data): evenly spaced ones.
 
     Raises:
-        MissingFileError: If ``root`` holds no class folder with images.
+        MissingFileError: If ``root`` holds no image, in class folders or itself.
     """
     per_class = _class_images(root)
     if not per_class:
-        raise MissingFileError(f"calibration_data_path {root!r} holds no class folders with "
-                               f"images: expected one sub-folder of images per class")
+        raise MissingFileError(f"calibration_data_path {root!r} holds no images: expected one "
+                               f"sub-folder of images per class, or the images themselves")
     selected = []
-    for rank in range(max(len(images) for images in per_class)):
+    if len(per_class) == 1:  # one class, or a folder of images: no rounds to take
+        selected = _spread(per_class[0], count)
+    for rank in range(max(map(len, per_class)) if len(per_class) > 1 else 0):
         this_round = [images[rank] for images in per_class if rank < len(images)]
         selected += _spread(this_round, count - len(selected))
         if len(selected) == count:
