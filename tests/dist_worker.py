@@ -11,6 +11,11 @@ real CIFAR-10 images, with two training cells one after the other, their paramet
   per-rank ``ACCUMULATION`` x B images per optimizer step;
 - ``microbatch`` (ranks only): ``trainstep`` with ``allreduce_per`` "micro_batch" (the
   all-reduce in every call, outside the branch that steps the optimizer);
+- ``distill``: a logit-distilling step as train.py builds it (``build_train_step`` with a
+  frozen random ResNet-18 teacher, ``KD_TEMPERATURE``, task and distill weights
+  ``KD_WEIGHTS``), per-rank batch B; it also saves each step's loss as the step returned it
+  and its ``kd_loss.task`` / ``kd_loss.distill`` parts (``loss.total``, ``loss.task``,
+  ``loss.distill``: one value a step);
 - ``overflow`` (ranks only): ``TrainStep`` with a dynamic loss scale (``OVERFLOW_SCALE``,
   factor 2) and the overflow check on its ``IsFinite`` path (``tests/test_overflow.py``'s
   ``force_ascend_910b_check``), one micro-batch per step; on rank 1 alone one soft target of
@@ -59,7 +64,9 @@ from src.data.sampling import EpochSampler  # noqa: E402
 from src.data.settings import EvalPreprocess  # noqa: E402
 from src.deploy.inference import preprocess_images  # noqa: E402
 from src.models.resnet import create_network  # noqa: E402
+from src.training.distill import Distillation, Teacher, tensors_digest  # noqa: E402
 from src.training.loss import CrossEntropySmooth  # noqa: E402
+from src.training.model import StepRecipe, build_train_step  # noqa: E402
 from src.training.optimizer import create_optimizer  # noqa: E402
 from src.training.train_step import TrainStep, WeightEma  # noqa: E402
 from tests.helpers import interleaved_class_images  # noqa: E402
@@ -71,6 +78,7 @@ OVERFLOW_SCALE, OVERFLOW_STEP = 1024.0, 1  # overflow: the loss scale, rank 1's 
 RA_IMAGES, RA_REPEATS, RA_SEED = 11, 3, 5  # the repeated-augmentation epoch read per rank
 BALANCED_LABELS = [0] * 6 + [1] * 3 + [2] * 2  # the class-balanced epoch read per rank
 ML_IMAGES = 45  # the multi-label evaluation: odd, so one shard holds a padding row
+KD_TEACHER_SEED, KD_TEMPERATURE, KD_WEIGHTS = 7, 4.0, (0.5, 0.5)  # distill: (task, distill)
 
 
 def real_batches(data_path, steps, global_batch):
@@ -125,6 +133,42 @@ def train(variant, args, rank):
     return saved
 
 
+def distilling_step(net):
+    """train.py's ``TrainStep`` of ``net`` distilling the logits of a frozen random ResNet-18
+    (seed ``KD_TEACHER_SEED``, the same on every rank)."""
+    ms.set_seed(KD_TEACHER_SEED)
+    teacher = Teacher(create_network("resnet18", class_num=10))
+    distill = Distillation(teacher=teacher, distill_type="logit", temperature=KD_TEMPERATURE,
+                           task_weight=KD_WEIGHTS[0], distill_weight=KD_WEIGHTS[1],
+                           projection=None, source="random", digest=tensors_digest(teacher))
+    recipe = StepRecipe(amp_level="O0", device_target="CPU", class_num=10, label_smoothing=0.1,
+                        optimizer_kwargs={"momentum": 0.875, "weight_decay": 1 / 32768},
+                        loss_kwargs={"loss": "ce"}, distill=distill)
+    return build_train_step(net, 0.05, recipe)
+
+
+def train_distilling(args, rank):
+    """The ``distill`` variant: ``args.steps`` steps on this process's rows of each global
+    batch (2 x ``args.batch``); returns the parameters and the per-step losses to save."""
+    net = frozen_bn_resnet18()
+    step = distilling_step(net)
+    init = {f"init.{p.name}": p.asnumpy().copy() for p in net.trainable_params()}
+    step.set_train(True)
+    global_batch = 2 * args.batch
+    images, labels = real_batches(args.data_path, args.steps, global_batch)
+    rows = slice(0, global_batch) if args.single else slice(rank * args.batch,
+                                                            (rank + 1) * args.batch)
+    losses = {"loss.total": [], "loss.task": [], "loss.distill": []}
+    for s in range(args.steps):
+        x = images[s * global_batch:(s + 1) * global_batch][rows]
+        y = labels[s * global_batch:(s + 1) * global_batch][rows]
+        losses["loss.total"].append(float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()))
+        for name, part in zip(("loss.task", "loss.distill"), step.network.parts):
+            losses[name].append(float(part.asnumpy()))
+    return dict(init, **{k: np.array(v) for k, v in losses.items()},
+                **{p.name: p.asnumpy() for p in net.trainable_params()})
+
+
 def train_through_an_overflow(args, rank):
     """The ``overflow`` variant: ``args.steps`` steps; returns (the parameters to save, the
     record printed)."""
@@ -163,7 +207,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8, help="per-rank (micro-)batch")
     parser.add_argument("--single", action="store_true")
-    parser.add_argument("--variants", default="onestep,trainstep,microbatch,overflow")
+    parser.add_argument("--variants",
+                        default="onestep,trainstep,microbatch,overflow,distill")
     args = parser.parse_args()
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -180,6 +225,8 @@ def main():
         if variant == "overflow":
             saved, record = train_through_an_overflow(args, rank)
             print(f"rank {rank} overflow {json.dumps(record)}", flush=True)
+        elif variant == "distill":
+            saved = train_distilling(args, rank)
         else:
             saved = train(variant, args, rank)
         np.savez(os.path.join(args.out, f"{variant}_{name}.npz"), **saved)

@@ -1,7 +1,8 @@
 """Knowledge distillation (src/training/distill.py): the losses against a torch re-derivation
 of timm's ``LogitDistillationTask`` / ``FeatureDistillationTask``, timm's three weighting
 modes, the frozen teacher inside ``TrainStep``, what training checkpoints hold, bad input,
-a run killed with SIGKILL resumed bit-exact."""
+a run killed with SIGKILL resumed bit-exact, its exports those of a run without a teacher.
+Data parallel: tests/test_distributed.py."""
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from tests.helpers import (
     copy_class_folders,
     run_in_process,
     sigkill_train_when,
+    succeeded,
     train_in_process,
 )
 from tests.interrupted_run import saved_steps
@@ -357,23 +359,35 @@ def test_bad_distillation_input_named_nothing_written(tmp_path, teacher_file, ar
 STEPS_PER_EPOCH = 4
 
 
-@pytest.mark.slow
-def test_train_with_a_teacher_killed_resumes_bit_exact_another_teacher_refused(tmp_path,
-                                                                               capsys):
-    """train.py distils a ResNet-50 teacher's pooled features (a 512 -> 2048 projection) into
-    a ResNet-18: killed with SIGKILL mid-epoch (saving every step) and resumed with
-    ``--resume_ckpt auto``, it ends bit-identical to an uninterrupted run (student, projection,
-    optimizer state; the records' loss parts); its checkpoints hold no teacher tensor and the
-    teacher's digest; a resume whose teacher file changed is refused naming it (exit 2)."""
-    data = copy_class_folders(SAMPLE, str(tmp_path / "data"), 8, classes=["cat", "dog"])
-    teacher = str(tmp_path / "teacher.ckpt")
+@pytest.fixture(scope="module")
+def feature_distilled(tmp_path_factory):
+    """train.py distilling a ResNet-50 teacher's pooled features into a ResNet-18 (a 512 ->
+    2048 projection), uninterrupted: {"common": train.py's arguments but ``--output_dir``,
+    "teacher": the teacher's .ckpt, "whole": the run's output folder}."""
+    root = tmp_path_factory.mktemp("feature_distilled")
+    data = copy_class_folders(SAMPLE, str(root / "data"), 8, classes=["cat", "dog"])
+    teacher = str(root / "teacher.ckpt")
     ms.save_checkpoint(create_network("resnet50", class_num=2), teacher)
     common = ["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
               "--run_eval", "false", "--batch_size", "4", "--num_parallel_workers", "1",
               "--class_num", "2", "--data_path", data, "--kd_teacher", teacher,
               "--kd_distill_type", "feature", "--epoch_size", "1",
               "--save_checkpoint_epochs", "1", "--log_interval", "1"]
-    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    whole = root / "whole"
+    assert train_in_process(*common, "--output_dir", whole) == 0
+    return {"common": common, "teacher": teacher, "whole": whole}
+
+
+@pytest.mark.slow
+def test_train_with_a_teacher_killed_resumes_bit_exact_another_teacher_refused(
+        tmp_path, capsys, feature_distilled):
+    """train.py distils a ResNet-50 teacher's pooled features (a 512 -> 2048 projection) into
+    a ResNet-18: killed with SIGKILL mid-epoch (saving every step) and resumed with
+    ``--resume_ckpt auto``, it ends bit-identical to an uninterrupted run (student, projection,
+    optimizer state; the records' loss parts); its checkpoints hold no teacher tensor and the
+    teacher's digest; a resume whose teacher file changed is refused naming it (exit 2)."""
+    common, teacher, whole = (feature_distilled[k] for k in ("common", "teacher", "whole"))
+    killed = tmp_path / "killed"
     run = sigkill_train_when(
         [*common, "--output_dir", killed, "--save_checkpoint_steps", "1"],
         lambda: saved_steps(killed, STEPS_PER_EPOCH)[-1:] >= [2])
@@ -385,7 +399,6 @@ def test_train_with_a_teacher_killed_resumes_bit_exact_another_teacher_refused(t
     capsys.readouterr()
     assert train_in_process(*common, "--output_dir", killed, "--resume_ckpt", "auto") == 0
     assert f"{done[-1]} steps done" in capsys.readouterr().out
-    assert train_in_process(*common, "--output_dir", whole) == 0
 
     records = {folder: [json.loads(line) for line in (folder / "metrics.jsonl").read_text()
                         .splitlines()] for folder in (killed, whole)}
@@ -409,7 +422,61 @@ def test_train_with_a_teacher_killed_resumes_bit_exact_another_teacher_refused(t
     assert stored["kd_teacher"] == teacher and len(stored["kd_teacher_sha256"]) == 64
     assert json.loads(params["run_config"])["kd_teacher_sha256"] == stored["kd_teacher_sha256"]
 
-    ms.save_checkpoint(create_network("resnet50", class_num=2), teacher)  # another teacher
+    # another teacher in the file (the fixture's last use of it)
+    ms.save_checkpoint(create_network("resnet50", class_num=2), teacher)
     refused = run_in_process("train.py", *common, "--output_dir", killed, "--resume_ckpt",
                              "auto")
     assert refused.returncode == 2 and "kd_teacher_sha256" in refused.stderr, refused.stderr
+
+
+def safetensors_header(path):
+    """A .safetensors file's tensors: {name: (dtype, shape)} (its JSON header)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+@pytest.mark.slow
+def test_exports_of_a_distilled_run_are_a_plain_runs_in_size_and_names(tmp_path,
+                                                                       feature_distilled):
+    """The last checkpoint of the feature-distilled run (student, ``kd_proj.*`` projection
+    and its optimizer state) and of the same run without a teacher, exported by export.py:
+    MINDIR of the same size and parameter names, SAFETENSORS with the same
+    ``model.safetensors`` size and tensors (names, dtypes, shapes) and the same
+    ``config.json``: no trace of the teacher or the projection (ONNX is written from the same
+    loaded network as MINDIR)."""
+    from tests.test_drop_path import mindir_graph
+    plain = tmp_path / "plain"
+    common = feature_distilled["common"]
+    kd = common.index("--kd_teacher")
+    assert train_in_process(*common[:kd], *common[kd + 4:], "--output_dir", plain) == 0
+    final = f"resnet18-1_{STEPS_PER_EPOCH}.ckpt"
+    checkpoints = {"distilled": str(feature_distilled["whole"] / final),
+                   "plain": str(plain / final)}
+    assert "kd_proj.weight" in read_checkpoint(checkpoints["distilled"])
+    assert "kd_proj.weight" not in read_checkpoint(checkpoints["plain"])
+    files = {}
+    for run, ckpt in checkpoints.items():
+        for fmt, suffix in (("MINDIR", ".mindir"), ("SAFETENSORS", "")):
+            name = str(tmp_path / f"{run}_{fmt}")
+            succeeded(run_in_process(
+                "export.py", "--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
+                "--class_num", "2", "--device_target", "CPU", "--checkpoint_path", ckpt,
+                "--file_format", fmt, "--file_name", name))
+            files[run, fmt] = name + suffix
+    sizes = {run: os.path.getsize(files[run, "MINDIR"]) for run in checkpoints}
+    print(f"\n[distill] MINDIR sizes {sizes}")
+    assert sizes["distilled"] == sizes["plain"]
+    names = {run: mindir_graph(files[run, "MINDIR"])[1] for run in checkpoints}
+    assert names["distilled"] == names["plain"] and "fc.weight" in names["plain"]
+    folders = {run: files[run, "SAFETENSORS"] for run in checkpoints}
+    weights = {run: os.path.join(folder, "model.safetensors") for run, folder in folders.items()}
+    assert os.path.getsize(weights["distilled"]) == os.path.getsize(weights["plain"])
+    tensors = {run: safetensors_header(path) for run, path in weights.items()}
+    assert tensors["distilled"] == tensors["plain"] and "fc.weight" in tensors["plain"]
+    configs = {run: (tmp_path / f"{run}_SAFETENSORS" / "config.json").read_text()
+               for run in checkpoints}
+    assert configs["distilled"] == configs["plain"]
+    for text in (*names["distilled"], *tensors["distilled"]):
+        assert not text.startswith(("kd_", "moments.")), text

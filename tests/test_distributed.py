@@ -58,7 +58,8 @@ def trained_parameters(tmp_path_factory):
     clipping and an EMA, by variant: {"ranks": [rank 0's, rank 1's], "single": ...}; "logs": the
     two ranks' msrun logs (the same launch also all-gathers ints across the ranks). On the
     ranks also ``microbatch`` (``TrainStep`` all-reducing every micro-batch) and ``overflow``
-    (a dynamic loss scale, an inf gradient on rank 1 alone at step 2)."""
+    (a dynamic loss scale, an inf gradient on rank 1 alone at step 2); on both ``distill``
+    (logit distillation from a frozen ResNet-18, with each step's losses)."""
     out = tmp_path_factory.mktemp("dist_params")
     data = os.path.join(CIFAR_SAMPLE, "test")  # real images, every class in every batch
     worker = os.path.join(ROOT, "tests", "dist_worker.py")
@@ -73,14 +74,14 @@ def trained_parameters(tmp_path_factory):
                    for r in range(2))
     assert dist.returncode == 0, dist.stdout[-2000:] + dist.stderr[-2000:] + logs[-3000:]
     single = subprocess.run([sys.executable, worker, "--out", str(out), "--single",
-                             "--variants", "onestep,trainstep", "--data_path", data],
+                             "--variants", "onestep,trainstep,distill", "--data_path", data],
                             capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
     assert single.returncode == 0, single.stderr[-2000:]
     return {"logs": logs, "single_output": single.stdout, **{
         variant: {"ranks": [np.load(out / f"{variant}_rank{r}_of2.npz") for r in range(2)],
                   "single": np.load(out / f"{variant}_single.npz")
-                  if variant in ("onestep", "trainstep") else None}
-        for variant in ("onestep", "trainstep", "microbatch", "overflow")}}
+                  if variant in ("onestep", "trainstep", "distill") else None}
+        for variant in ("onestep", "trainstep", "microbatch", "overflow", "distill")}}
 
 
 def rank_records(trained_parameters, key):
@@ -208,6 +209,36 @@ def test_train_step_in_data_parallel_equals_one_process_on_the_global_batch(
           f"{worst_param:.2e} of the parameters, {worst_update:.2e} of the updates")
     assert worst_param < 1e-6  # float32 eps is 1.2e-7
     assert worst_update < 1e-3
+
+
+@pytest.mark.slow
+def test_distilling_in_data_parallel_equals_one_process_on_the_global_batch(trained_parameters):
+    """Logit distillation in data parallel (train.py's cell: ``build_train_step`` with a frozen
+    random ResNet-18 teacher, task and distill weights 0.5, T 4): 3 steps, 2 ranks x 8 images
+    vs one process x 16. Each rank's losses are means over its 8 images (the KL's
+    ``batchmean`` too), so the mean of the two ranks' total, task and distill losses of each
+    step must be the one process's over the 16, to float32 rounding of those sums: a
+    relative ``16 x 10 x eps`` (the images x classes summed). Steps 2 and 3 score the weights
+    the all-reduced steps before them left; the ranks' students end bit-identical. Their
+    weights are not compared with the one process's: an ulp of difference moves 3-step updates
+    apart by up to ~2e-3 here (docs/training.md#knowledge-distillation)."""
+    ranks, ref = trained_parameters["distill"]["ranks"], trained_parameters["distill"]["single"]
+    names = [n for n in ref.files if not n.startswith(("init.", "loss."))]
+    assert len(names) == 62
+    for name in names:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+    bound = 16 * 10 * float(np.finfo(np.float32).eps)
+    worst = {}
+    for part in ("total", "task", "distill"):
+        key = "loss." + part
+        assert len(ref[key]) == 3 and (ref[key] > 0).all(), (key, ref[key])
+        assert (ranks[0][key] != ranks[1][key]).all(), key  # each rank its own images
+        mean = (ranks[0][key].astype(np.float64) + ranks[1][key]) / 2
+        worst[part] = float((np.abs(mean - ref[key]) / ref[key]).max())
+    print(f"\n[dist] distillation, 3 steps, 2 ranks x 8 vs 1 x 16: worst relative loss "
+          f"difference {', '.join(f'{k} {v:.1e}' for k, v in worst.items())} (bound "
+          f"{bound:.1e})")
+    assert max(worst.values()) <= bound, worst
 
 
 @pytest.mark.slow
