@@ -17,7 +17,9 @@ cause and leaves an earlier file of that name as it was. One export per file nam
 ``FILE.lock`` beside it (deleted at the end) makes a second export to the same name fail at once
 (exit status 2) naming the first's process. With ``fold_bn`` (default) every
 BatchNorm is folded into the convolution before it (``src/models/bn_fold.py``): same logits to
-float32 rounding, fewer operations to run.
+float32 rounding, fewer operations to run. Every format records the model's ``task`` and, for a
+multi-label model, its thresholds and class names (``src/deploy/outputs.py``;
+docs/deployment.md#multi-label-models).
 
 With ``--quantize int8`` (ONNX only) the float32 graph is then statically quantized with ONNX
 Runtime (``src/deploy/quantize.py``: QDQ, per-channel int8 weights, uint8 activations),
@@ -193,7 +195,6 @@ def main(argv=None):
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
     fill_from_weights(cfg, cfg.checkpoint_path)  # Hub weights: their settings unless set
     resolve_tta(cfg)  # and their test-time augmentation
-    resolve_task(cfg)  # and the model's task (multilabel: recorded with its thresholds)
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)
@@ -248,6 +249,7 @@ def lock_export(cfg):
 
 def export_locked(cfg):
     """The export of ``main``, its file locked (``lock_export``); returns 0."""
+    resolve_task(cfg)  # the model's task unless set (multilabel: recorded with thresholds)
     if cfg.file_format == "SAFETENSORS":
         device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return publish(cfg)

@@ -19,7 +19,9 @@ Runtime (in requirements.txt; the fastest on CPU); ``--runtime onnxruntime`` run
 too (exported to a temporary ONNX file, BatchNorms folded; CPU only). A header line on stderr
 names the model and its runtime. A folder is read --batch_size images at a time (memory does
 not grow with it); the result lines go to stdout as each batch is done, progress to stderr (a
-bar on a terminal, lines otherwise).
+bar on a terminal, lines otherwise). A multi-label model (task multilabel: the model's record
+unless --task is given) gets a sigmoid per class and each line also lists its ``labels``: the
+classes at or above their thresholds (the model's, else 0.5; docs/deployment.md).
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -165,12 +167,12 @@ def main(argv=None):
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
     preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
     resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
-    resolve_task(cfg)  # and its task (multilabel: a sigmoid per class)
     if not cfg.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not cfg.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
     formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)
+    resolve_task(cfg)  # the model's task unless set (multilabel: a sigmoid per class)
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     paths = list_images(cfg.image_path)
