@@ -36,6 +36,7 @@ import numpy as np
 
 from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
+from src.data.multilabel import read_label_file
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network
 from src.deploy.outputs import (
@@ -160,6 +161,25 @@ def cam_writer(cfg, paths, preprocess):
     return write
 
 
+def true_labels(cfg, names):
+    """``label_file`` (task multilabel): the true label names of each image it lists, by
+    normalized path, its rows relative to the ``image_path`` folder (an image's folder); {}
+    without one.
+
+    Raises:
+        ConfigError: With task multiclass. LabelFileError: As ``read_label_file``.
+    """
+    if not cfg.label_file:
+        return {}
+    if cfg.task != "multilabel":
+        raise ConfigError(f"label_file {cfg.label_file} gives the labels of a multi-label "
+                          f"model; {cfg.checkpoint_path} is a {cfg.task} one")
+    root = cfg.image_path if os.path.isdir(cfg.image_path) else os.path.dirname(cfg.image_path)
+    table = read_label_file(cfg.label_file, root, class_names=names, check_images=False)
+    return {os.path.normpath(path): [name for name, on in zip(names, row) if on]
+            for path, row in zip(table.paths, table.targets)}
+
+
 def main(argv=None):
     """Predict as configured by ``argv``; print one JSON line per image; return 0."""
     cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
@@ -187,17 +207,21 @@ def main(argv=None):
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
                                      runtime=cfg.runtime, tta=cfg.tta)
     names = thresholds = None
+    truth = {}
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
                                                task=cfg.task):
             if names is None:
                 check_class_count(cfg, probs.shape[1])
                 names, thresholds = outputs_for(cfg, probs.shape[1])
+                truth = true_labels(cfg, names)
             for path, row in zip(batch, probs):
                 line = {"image": path}
                 if thresholds is not None:
                     line["labels"] = labels_above(row, thresholds, names)
                 line["top"] = top_classes(row, names, cfg.top_k)
+                if os.path.normpath(path) in truth:
+                    line["true_labels"] = truth[os.path.normpath(path)]
                 progress.write(json.dumps(line))
             if write_cams:
                 write_cams(batch, probs)

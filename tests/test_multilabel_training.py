@@ -146,3 +146,20 @@ def test_the_curves_of_a_multilabel_run_draw_its_map():
     finally:
         plt.Axes.plot = original
     assert ((1, 2), (30.0, 40.0)) in [a for _, a in drawn]
+
+
+def test_predict_gives_each_image_of_the_label_file_its_true_labels():
+    """predict.py's label_file: the rows relative to the image_path folder, each listed image's
+    names in class order; refused for a multiclass model."""
+    import predict
+    classes = read_label_file(os.path.join(MOSAICS, "train.csv"), MOSAICS,
+                              check_images=False).class_names
+    cfg = parse_config(["--task", "multilabel", "--image_path", MOSAICS, "--label_file",
+                        os.path.join(MOSAICS, "val.csv")])
+    truth = predict.true_labels(cfg, classes)
+    assert len(truth) == 150
+    assert truth[os.path.normpath(os.path.join(MOSAICS, "val", "0001.jpg"))] == [
+        "cat", "dog", "frog"]
+    with pytest.raises(ConfigError, match="multi-label"):
+        predict.true_labels(parse_config(["--image_path", MOSAICS, "--label_file",
+                                          os.path.join(MOSAICS, "val.csv")]), classes)

@@ -342,8 +342,9 @@ def recorded_outputs(path: str, class_num: int) -> OutputRecord | None:
             return None
         record = read_metadata_record(metadata, path)
         if record.thresholds is not None and len(record.thresholds) != class_num:
-            raise ThresholdsError(f"{path} records {len(record.thresholds)} thresholds but the "
-                                  f"model has {class_num} classes (class_num)")
+            raise ThresholdsError(f"{path} records {len(record.thresholds)} thresholds but "
+                                  f"class_num is {class_num}: pass --class_num "
+                                  f"{len(record.thresholds)}")
         return record
     thresholds = read_thresholds(path, class_num)
     if thresholds is not None:

@@ -14,13 +14,11 @@ import numpy as np
 
 from src.utils.errors import UserError
 from src.utils.files import atomic_write_text
-from src.utils.multilabel_metrics import sigmoid
+from src.utils.multilabel_metrics import DEFAULT_THRESHOLD, sigmoid
 
 TASKS = ("multiclass", "multilabel")
 """Values of ``task``; the first is the default (a model that records none)."""
 
-DEFAULT_THRESHOLD = 0.5
-"""A class's decision threshold when the model records none."""
 
 THRESHOLDS_FILE = "thresholds.json"
 """Beside a checkpoint: ``{"task": "multilabel", "class_names": [...], "thresholds": [...]}``."""
