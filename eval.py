@@ -25,6 +25,14 @@ confident mistakes first; ``--plot true`` draws the confusion matrix
 (``src/deploy/report_page.py``). Progress (images done, img/s, ETA) goes to stderr:
 a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/utils/progress.py``).
 ``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
+A multi-label model (``task multilabel``, read from the model or set) is evaluated on the
+images of ``--label_file``: mAP, per-class AP / precision / recall / F1 at its thresholds
+(``--tune_thresholds true`` tunes them for F1 and writes thresholds.json beside the
+checkpoint), ``per_class.csv``/``.md``, ``pr_curves.png`` and the page: docs/multilabel.md.
+
+    python eval.py --config_path configs/multilabel_quick_start.yaml \
+        --checkpoint_path output/multilabel_quick_start/resnet18-best.ckpt \
+        --label_file data/cifar10_mosaics/val.csv --tune_thresholds true
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line

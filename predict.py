@@ -21,7 +21,8 @@ names the model and its runtime. A folder is read --batch_size images at a time 
 not grow with it); the result lines go to stdout as each batch is done, progress to stderr (a
 bar on a terminal, lines otherwise). A multi-label model (task multilabel: the model's record
 unless --task is given) gets a sigmoid per class and each line also lists its ``labels``: the
-classes at or above their thresholds (the model's, else 0.5; docs/deployment.md).
+classes at or above their thresholds (the model's, else 0.5; docs/deployment.md), and with
+--label_file (rows relative to the image_path folder) the ``true_labels`` of the images it lists.
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line

@@ -2,6 +2,7 @@
 
     python train.py --data_path /data/imagenet/train                  # ResNet-50, config.yaml
     python train.py --config_path configs/resnet18_cifar10.yaml --data_path DIR --epoch_size 5
+    python train.py --config_path configs/multilabel_quick_start.yaml  # several labels per image
 
 Reads top to bottom: config -> signals -> device -> output folder lock -> dataset -> network
 -> LR -> Model (loss, optimizer, TrainStep, EMA) -> resume -> the last checks, callbacks ->
