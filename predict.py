@@ -22,7 +22,8 @@ not grow with it); the result lines go to stdout as each batch is done, progress
 bar on a terminal, lines otherwise). A multi-label model (task multilabel: the model's record
 unless --task is given) gets a sigmoid per class and each line also lists its ``labels``: the
 classes at or above their thresholds (the model's, else 0.5; docs/deployment.md), and with
---label_file (rows relative to the image_path folder) the ``true_labels`` of the images it lists.
+--label_file (rows relative to data_path, else to the image_path folder) the ``true_labels`` of
+the images it lists.
 """
 import src.env  # noqa: F401  first: sets the oneDNN default before MindSpore loads
 import src.startup  # noqa: F401  then: a stop signal while MindSpore loads exits with a line
@@ -164,8 +165,8 @@ def cam_writer(cfg, paths, preprocess):
 
 def true_labels(cfg, names):
     """``label_file`` (task multilabel): the true label names of each image it lists, by
-    normalized path, its rows relative to the ``image_path`` folder (an image's folder); {}
-    without one.
+    normalized path, its rows relative to ``data_path`` (as for train.py and eval.py; empty:
+    the ``image_path`` folder, or the image's); {} without one.
 
     Raises:
         ConfigError: With task multiclass. LabelFileError: As ``read_label_file``.
@@ -175,7 +176,8 @@ def true_labels(cfg, names):
     if cfg.task != "multilabel":
         raise ConfigError(f"label_file {cfg.label_file} gives the labels of a multi-label "
                           f"model; {cfg.checkpoint_path} is a {cfg.task} one")
-    root = cfg.image_path if os.path.isdir(cfg.image_path) else os.path.dirname(cfg.image_path)
+    root = cfg.data_path or (cfg.image_path if os.path.isdir(cfg.image_path)
+                             else os.path.dirname(cfg.image_path))
     table = read_label_file(cfg.label_file, root, class_names=names, check_images=False)
     return {os.path.normpath(path): [name for name, on in zip(names, row) if on]
             for path, row in zip(table.paths, table.targets)}

@@ -149,8 +149,9 @@ def test_the_curves_of_a_multilabel_run_draw_its_map():
 
 
 def test_predict_gives_each_image_of_the_label_file_its_true_labels():
-    """predict.py's label_file: the rows relative to the image_path folder, each listed image's
-    names in class order; refused for a multiclass model."""
+    """predict.py's label_file: the rows relative to data_path (else the image_path folder),
+    each listed image's names in class order; a training config's label file (other images)
+    gives none; refused for a multiclass model."""
     import predict
     classes = read_label_file(os.path.join(MOSAICS, "train.csv"), MOSAICS,
                               check_images=False).class_names
@@ -160,6 +161,9 @@ def test_predict_gives_each_image_of_the_label_file_its_true_labels():
     assert len(truth) == 150
     assert truth[os.path.normpath(os.path.join(MOSAICS, "val", "0001.jpg"))] == [
         "cat", "dog", "frog"]
+    trained_on = predict.true_labels(config("--image_path", os.path.join(MOSAICS, "val")),
+                                     classes)
+    assert os.path.normpath(os.path.join(MOSAICS, "val", "0001.jpg")) not in trained_on
     with pytest.raises(ConfigError, match="multi-label"):
         predict.true_labels(parse_config(["--image_path", MOSAICS, "--label_file",
                                           os.path.join(MOSAICS, "val.csv")]), classes)
