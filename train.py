@@ -43,6 +43,7 @@ from src.recipe import (
     run_split,
     score_key,
     step_recipe,
+    task_defaults,
     train_plan,
     training_model,
     training_network,
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     set_max_image_pixels(cfg.max_image_pixels)
     if not cfg.benchmark_steps:
         check_train_config(cfg)
+    task_defaults(cfg)  # benchmark_steps too: the loss a multi-label recipe trains with
     stop = StopSignals(logging.getLogger("train"))
     stop.install()
     device.setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
@@ -347,7 +349,7 @@ def benchmark_training(cfg: Config, device_num: int, log: logging.Logger) -> int
     images_per_step = cfg.batch_size * cfg.grad_accumulation_steps
     images, labels = as_tensors(*synthetic_batch(
         cfg.batch_size, cfg.train_image_size, cfg.class_num,
-        soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha)))
+        soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha) or cfg.task == "multilabel"))
     log.info("benchmark_steps %d: %s, %d images per step per device at %d px, amp_level %s, "
              "%d device(s); data_path not read, nothing written", cfg.benchmark_steps,
              cfg.net_name, images_per_step, cfg.train_image_size, amp_level, device_num)

@@ -145,7 +145,7 @@ def check_task(cfg: Config) -> None:
             raise ConfigError("loss asl (the asymmetric loss of multi-label training) needs "
                               "task multilabel; multiclass takes ce or bce")
         return
-    cfg.fill_unset(MULTILABEL_DEFAULTS, "task multilabel")
+    task_defaults(cfg)
     refusals = (
         (not cfg.label_file, "label_file is empty: give the CSV of data_path's images and their "
                              "labels (docs/multilabel.md)"),
@@ -166,6 +166,12 @@ def check_task(cfg: Config) -> None:
     for refused, message in refusals:
         if refused:
             raise ConfigError(f"task multilabel: {message}")
+
+
+def task_defaults(cfg: Config) -> None:
+    """``task multilabel``: ``MULTILABEL_DEFAULTS`` for the keys the user did not set (logged)."""
+    if cfg.task == "multilabel":
+        cfg.fill_unset(MULTILABEL_DEFAULTS, "task multilabel")
 
 
 def score_key(cfg: Config) -> str:

@@ -24,8 +24,10 @@ RECIPE = ["--grad_accumulation_steps", "2", "--mixup_alpha", "0.2", "--ema_decay
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script, kind, extra, images", [("train.py", "train", RECIPE, 16),
-                                                         ("eval.py", "eval", [], 8)])
+@pytest.mark.parametrize("script, kind, extra, images", [
+    ("train.py", "train", RECIPE, 16), ("eval.py", "eval", [], 8),
+    # multi-label: multi-hot float targets, the task's own loss (bce unless set)
+    ("train.py", "train", ["--task", "multilabel", "--grad_accumulation_steps", "2"], 16)])
 def test_benchmark_steps_prints_throughput_and_writes_nothing(script, kind, extra, images,
                                                               tmp_path):
     out = tmp_path / "out"
