@@ -122,6 +122,11 @@ def test_the_card_and_config_json_say_multi_label():
     assert "problem_type" not in timm_config("resnet18", 3, EvalPreprocess(), NAMES[:3])
     card = model_card("m", config, "m.ckpt")
     assert "Multi-label: one sigmoid per class" in card and "0.4, 0.5, 0.6" in card
+    # eval.py's eval_result.json of a multi-label model beside the checkpoint: its mAP
+    evaluated = {"task": "multilabel", "mAP": 0.40863, "macro_f1": 0.4859, "images": 150,
+                 "data_path": "data/cifar10_mosaics"}
+    card = model_card("m", config, "m.ckpt", eval_result=evaluated)
+    assert "mAP 0.4086, macro F1 0.4859 at its thresholds on 150 images" in card
 
 
 # ---- resolve_task ----

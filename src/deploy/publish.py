@@ -118,10 +118,13 @@ def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | 
         lines.append("Not recorded in the checkpoint.")
     lines += ["", "## Evaluation", ""]
     if eval_result:
-        lines.append(f"top-1 {eval_result['top1']:.4f}, top-5 {eval_result['top5']:.4f} on "
-                     f"{eval_result['images']} images of `{eval_result.get('data_path', '?')}`"
-                     f" (eval.py, {eval_result.get('runtime', 'mindspore')}, test-time "
-                     f"augmentation {eval_result.get('tta', 'none')}).")
+        scores = (f"mAP {eval_result['mAP']:.4f}, macro F1 {eval_result['macro_f1']:.4f} at "
+                  f"its thresholds" if eval_result.get("task") == "multilabel" else
+                  f"top-1 {eval_result['top1']:.4f}, top-5 {eval_result['top5']:.4f}")
+        lines.append(f"{scores} on {eval_result['images']} images of "
+                     f"`{eval_result.get('data_path', '?')}` (eval.py, "
+                     f"{eval_result.get('runtime', 'mindspore')}, test-time augmentation "
+                     f"{eval_result.get('tta', 'none')}).")
     else:
         lines.append("No eval_result.json was found beside the checkpoint.")
     if config.get("tta"):
