@@ -99,6 +99,16 @@ class EvalCounts(NamedTuple):
     confusion: np.ndarray | None = None
 
 
+def step_outputs(run_context: RunContext, limit: int | None,
+                 seen: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """An eval step's ``(loss (N,), logits, labels)`` as numpy arrays, and how many of its rows
+    count: those before a shard's first ``limit`` rows are used up (``seen`` so far)."""
+    outputs = run_context.original_args().net_outputs
+    labels = outputs[2].asnumpy()
+    keep = len(labels) if limit is None else max(0, min(len(labels), limit - seen))
+    return outputs[0].asnumpy().reshape(-1), outputs[1].asnumpy(), labels, keep
+
+
 class TopKCounter(Callback):
     """``Model.eval`` callback counting correct top-1 and top-k (as MindSpore's
     ``TopKCategoricalAccuracy``) and summing the per-image loss over the first ``limit`` rows
@@ -117,11 +127,7 @@ class TopKCounter(Callback):
                           else np.zeros((self.class_num, self.class_num), np.int64))
 
     def on_eval_step_end(self, run_context: RunContext) -> None:
-        outputs = run_context.original_args().net_outputs
-        losses = outputs[0].asnumpy().reshape(-1)
-        logits, labels = outputs[1].asnumpy(), outputs[2].asnumpy()
-        keep = len(labels) if self.limit is None else max(0, min(len(labels),
-                                                                 self.limit - self.images))
+        losses, logits, labels, keep = step_outputs(run_context, self.limit, self.images)
         ranked = np.argsort(-logits[:keep], axis=1)[:, :min(self.k, logits.shape[1])]
         hits = ranked == labels[:keep].reshape(-1, 1)
         self.top1 += int(hits[:, 0].sum())
@@ -284,11 +290,7 @@ class ScoreCollector(Callback):
         self.scores, self.targets, self.images, self.loss_sum = [], [], 0, 0.0
 
     def on_eval_step_end(self, run_context: RunContext) -> None:
-        outputs = run_context.original_args().net_outputs
-        losses = outputs[0].asnumpy().reshape(-1)
-        logits, targets = outputs[1].asnumpy(), outputs[2].asnumpy()
-        keep = len(targets) if self.limit is None else max(0, min(len(targets),
-                                                                  self.limit - self.images))
+        losses, logits, targets, keep = step_outputs(run_context, self.limit, self.images)
         self.scores.append(sigmoid(logits[:keep].astype(np.float32)))
         self.targets.append(targets[:keep].astype(np.float32))
         self.loss_sum += float(losses[:keep].astype(np.float64).sum())
