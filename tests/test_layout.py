@@ -1,6 +1,6 @@
 """The package layout: ``src.env`` loads alone, imports go one way between the packages of
 ``src/`` (entry points -> recipe -> training / deploy -> data / models -> utils), no import
-cycles, each package exports its ``create_*`` entry points, and only ``src/recipe.py`` (and the
+cycles, each package exports its ``create_*`` entry points, and only ``src/recipe/`` (and the
 config module) below the entry points takes the config object."""
 import ast
 import os
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Layer of each package of src/: a module may import its own package and lower layers only.
-# ``recipe`` (src/recipe.py, the config's adapters) is the top floor: nothing in src/ imports it.
+# ``recipe`` (src/recipe/, the config's adapters) is the top floor: nothing in src/ imports it.
 LAYERS = {"env": 0, "startup": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2,
           "recipe": 3}
 # Who may import src.recipe besides src/: the entry points, the benchmarks and the tests.
@@ -101,7 +101,8 @@ def test_a_module_importing_the_recipe_is_found(tmp_path):
 
 
 def recipe_importers_outside(users=RECIPE_USERS):
-    """Python files of the repository outside src/ and ``users`` that import src.recipe."""
+    """Python files of the repository outside src/ and ``users`` that import src.recipe (or one
+    of its modules)."""
     found = []
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("src", "__pycache__")]
@@ -109,7 +110,7 @@ def recipe_importers_outside(users=RECIPE_USERS):
             path = os.path.join(folder, name)
             relative = os.path.relpath(path, ROOT)
             if (name.endswith(".py") and relative.split(os.sep)[0] not in users
-                    and "src.recipe" in src_imports(path)):
+                    and any(package_of(m) == "recipe" for m in src_imports(path))):
                 found.append(relative)
     return found
 
@@ -132,12 +133,13 @@ def config_takers(modules):
 
 
 def test_only_the_recipe_takes_the_config():
-    """Below the entry points, src/recipe.py (and the config module, which makes it) is the
+    """Below the entry points, src/recipe/ (and the config module, which makes it) is the
     one door of the config object: the library takes plain arguments."""
     modules = src_modules()
-    others = {m: p for m, p in modules.items() if m not in ("src.recipe", "src.utils.config")}
+    recipe = {m: p for m, p in modules.items() if m.split(".")[:2] == ["src", "recipe"]}
+    others = {m: p for m, p in modules.items() if m not in recipe and m != "src.utils.config"}
     assert config_takers(others) == []
-    assert "src.recipe.build_data" in config_takers({"src.recipe": modules["src.recipe"]})
+    assert "src.recipe.data.build_data" in config_takers(recipe)
 
 
 def test_no_import_cycles():

@@ -17,6 +17,7 @@ from src import recipe
 from src.data.augment import RandomErasing, auto_augment_ops
 from src.data.mixing import BatchMixer
 from src.data.settings import TrainAugment
+from src.recipe import data as recipe_data
 from src.utils.config import parse_config
 from tests.helpers import CIFAR_SAMPLE, ROOT, copy_class_folders
 
@@ -130,13 +131,13 @@ def test_each_epoch_draws_its_own_augmentation(one_per_class):
 def mixers(monkeypatch):
     """The ``batch_transform`` each ``create_dataset`` call of train.py gets."""
     made = []
-    real = recipe.create_dataset
+    real = recipe_data.create_dataset
 
     def spy(*args, **kwargs):
         made.append(kwargs.get("batch_transform"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(recipe, "create_dataset", spy)
+    monkeypatch.setattr(recipe_data, "create_dataset", spy)
     return made
 
 

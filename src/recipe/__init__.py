@@ -1,0 +1,82 @@
+"""The recipe: the one place below the entry points that reads the config (``Config``). Its
+adapters turn config keys into the library's plain arguments (timm's ``optimizer_kwargs``
+style), one concern per module: ``checks``, ``network``, ``optimization``, ``data``, ``splits``,
+``model_record``. Imported by the entry points, benchmarks and tests only.
+"""
+from src.recipe.checks import (
+    MULTILABEL_DEFAULTS,
+    TRAIN_SECTIONS,
+    check_split_and_balance,
+    check_task,
+    check_train_config,
+    resolve_sink_size,
+    score_key,
+    task_defaults,
+)
+from src.recipe.data import (
+    TRAIN_AUGMENT_KEYS,
+    TrainData,
+    batch_mixer,
+    build_data,
+    epoch_dataset,
+    eval_preprocess,
+    run_dataset,
+    train_augment,
+    train_plan,
+    training_pipeline,
+)
+from src.recipe.model_record import (
+    fill_from_weights,
+    resolve_eval_preprocess,
+    resolve_task,
+    resolve_tta,
+)
+from src.recipe.network import (
+    FineTuning,
+    build_network,
+    make_trainable,
+    network_kwargs,
+    training_network,
+)
+from src.recipe.optimization import (
+    build_evaluator,
+    distillation,
+    loss_class_weights,
+    loss_kwargs,
+    optimizer_kwargs,
+    step_recipe,
+    training_model,
+)
+from src.recipe.splits import (
+    data_split,
+    eval_label_table,
+    held_out,
+    label_classes,
+    label_table,
+    label_tables,
+    multilabel_pos_weight,
+    record_label_file_images,
+    record_run_images,
+    run_split,
+    split_indices,
+)
+
+__all__ = [
+    # checks
+    "MULTILABEL_DEFAULTS", "TRAIN_SECTIONS", "check_split_and_balance", "check_task",
+    "check_train_config", "resolve_sink_size", "score_key", "task_defaults",
+    # data
+    "TRAIN_AUGMENT_KEYS", "TrainData", "batch_mixer", "build_data", "epoch_dataset",
+    "eval_preprocess", "run_dataset", "train_augment", "train_plan", "training_pipeline",
+    # model_record
+    "fill_from_weights", "resolve_eval_preprocess", "resolve_task", "resolve_tta",
+    # network
+    "FineTuning", "build_network", "make_trainable", "network_kwargs", "training_network",
+    # optimization
+    "build_evaluator", "distillation", "loss_class_weights", "loss_kwargs", "optimizer_kwargs",
+    "step_recipe", "training_model",
+    # splits
+    "data_split", "eval_label_table", "held_out", "label_classes", "label_table", "label_tables",
+    "multilabel_pos_weight", "record_label_file_images", "record_run_images", "run_split",
+    "split_indices",
+]

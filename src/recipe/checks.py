@@ -1,0 +1,155 @@
+"""The checks of a training config: values that cannot work are refused naming the key
+(``check_train_config``), ``task``'s defaults and score key, the dataset sink size
+(``resolve_sink_size``); and the sections of train.py's ``--help``.
+"""
+from src.models.resnet import last_feature_map_side
+from src.recipe.splits import held_out
+from src.training.profiler import parse_profile_steps
+from src.utils.config import Config, ConfigError
+
+TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning",
+                  "knowledge distillation", "device",
+                  "precision, distribution", "outputs", "performance", "training checkpoints")
+"""The sections of train.py's ``--help``, in order."""
+
+
+def check_train_config(cfg: Config) -> None:
+    """Reject training values that cannot work, naming the key (ranges: ``check_values``).
+
+    Raises:
+        ConfigError: Empty ``data_path``, ``run_eval`` without eval data, early stopping
+            without ``run_eval``, a bad split, balance
+            or ``profile_steps``, a linear probe as long as the run, or a last-stage BatchNorm
+            seeing one value per channel.
+    """
+    if not cfg.data_path:
+        raise ConfigError("data_path is empty: give --data_path, the training data folder")
+    if cfg.run_eval and not (cfg.eval_data_path or cfg.val_split):
+        raise ConfigError("run_eval is true but eval_data_path is empty (and val_split is 0: "
+                          "no part of data_path is held out)")
+    if cfg.early_stopping_patience and not cfg.run_eval:
+        raise ConfigError(f"early_stopping_patience {cfg.early_stopping_patience} needs an "
+                          f"evaluation during training: set run_eval true (with "
+                          f"eval_data_path or val_split), or early_stopping_patience 0")
+    check_split_and_balance(cfg)
+    check_task(cfg)
+    parse_profile_steps(cfg.profile_steps)
+    if cfg.linear_probe_epochs >= cfg.epoch_size:
+        raise ConfigError(f"linear_probe_epochs {cfg.linear_probe_epochs} leaves no epoch to "
+                          f"fine-tune in epoch_size {cfg.epoch_size}: use fewer, or "
+                          f"trainable_layers 0 for a linear probe alone")
+    side = last_feature_map_side(cfg.train_image_size)
+    batch_statistics = not cfg.freeze_bn and cfg.trainable_layers >= 1
+    if batch_statistics and cfg.batch_size * side * side < 2:
+        raise ConfigError(f"batch_size {cfg.batch_size} at train_image_size "
+                          f"{cfg.train_image_size}: the last stage's feature map is {side}x{side}"
+                          f", so its BatchNorm layers would see one value per channel (variance "
+                          f"undefined, the running statistics become NaN); use batch_size 2 or "
+                          f"more, a train_image_size above 32, or freeze_bn true")
+
+
+def check_split_and_balance(cfg: Config) -> None:
+    """Raises:
+        ConfigError: For a ``split_file`` (eval.py's key), or ``val_split`` / ``class_balance``
+            with the cifar10 binaries.
+    """
+    if cfg.split_file:
+        raise ConfigError(f"split_file {cfg.split_file} is read by eval.py only: train.py holds "
+                          f"out part of data_path with val_split")
+    for key, value, off in (("val_split", held_out(cfg), 0.0),
+                            ("class_balance", cfg.class_balance, "none")):
+        if cfg.dataset == "cifar10" and value != off:
+            raise ConfigError(f"{key} {value} needs dataset imagefolder: the cifar10 binary "
+                              f"release comes split (test_batch.bin, for eval_data_path) and "
+                              f"balanced (5000 training images per class)")
+
+
+MULTILABEL_DEFAULTS = {"loss": "bce", "label_smoothing": 0.0}
+"""What ``task multilabel`` changes in the keys the user did not set."""
+
+
+def check_task(cfg: Config) -> None:
+    """The keys of ``task``: multiclass refuses the multi-label keys; multilabel takes
+    ``MULTILABEL_DEFAULTS`` for the keys not set (logged) and refuses what it cannot train.
+
+    Raises:
+        ConfigError: Naming the key and value.
+    """
+    if cfg.task != "multilabel":
+        for key in ("label_file", "eval_label_file"):
+            if cfg[key]:
+                raise ConfigError(f"{key} {cfg[key]} is read with task multilabel only (task is "
+                                  f"{cfg.task}): set --task multilabel, or leave {key} empty")
+        if cfg.loss == "asl":
+            raise ConfigError("loss asl (the asymmetric loss of multi-label training) needs "
+                              "task multilabel; multiclass takes ce or bce")
+        return
+    task_defaults(cfg)
+    refusals = (
+        (not cfg.label_file, "label_file is empty: give the CSV of data_path's images and their "
+                             "labels (docs/multilabel.md)"),
+        (cfg.dataset != "imagefolder", f"dataset {cfg.dataset} has one label per image: use "
+                                       f"dataset imagefolder with label_file"),
+        (cfg.loss not in ("bce", "asl"), f"loss {cfg.loss} is a softmax loss: task multilabel "
+                                         f"takes bce or asl"),
+        (cfg.label_smoothing != 0, f"label_smoothing {cfg.label_smoothing}: task multilabel "
+                                   f"takes no label smoothing (set 0)"),
+        (cfg.class_balance == "sampler", "class_balance sampler draws by class, which a "
+                                         "multi-label image does not have: use class_balance "
+                                         "loss (pos_weight) or none"),
+        (bool(cfg.kd_teacher), f"kd_teacher {cfg.kd_teacher}: knowledge distillation (a softmax "
+                               f"KL divergence) is for task multiclass"),
+        (bool(cfg.run_eval and cfg.eval_data_path and not cfg.eval_label_file),
+         f"eval_data_path {cfg.eval_data_path} needs eval_label_file with task multilabel"),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise ConfigError(f"task multilabel: {message}")
+
+
+def task_defaults(cfg: Config) -> None:
+    """``task multilabel``: ``MULTILABEL_DEFAULTS`` for the keys the user did not set (logged)."""
+    if cfg.task == "multilabel":
+        cfg.fill_unset(MULTILABEL_DEFAULTS, "task multilabel")
+
+
+def score_key(cfg: Config) -> str:
+    """The score the best checkpoint and early stopping follow: top-1, or mAP for
+    ``task multilabel``."""
+    return "mAP" if cfg.task == "multilabel" else "top1"
+
+
+def resolve_sink_size(cfg: Config, steps_per_epoch: int) -> int:
+    """Steps per dataset-sink call, 0 for step-by-step training (``dataset_sink_mode`` auto: sink
+    mode on GPU/Ascend in graph mode; ``sink_size`` 0: one epoch).
+
+    Raises:
+        ConfigError: For ``dataset_sink_mode true`` on CPU (MindSpore has no sink mode there) or
+            in PyNative mode, or a ``sink_size`` above an epoch or not dividing it (epochs end
+            on call boundaries; names the nearest divisors).
+    """
+    if cfg.dataset_sink_mode == "true" and cfg.device_target == "CPU":
+        raise ConfigError("dataset_sink_mode true: MindSpore has no dataset sink mode on CPU "
+                          "(Model.train falls back to step by step); use false or auto")
+    if cfg.dataset_sink_mode == "true" and cfg.mode != "GRAPH":
+        raise ConfigError(f"dataset_sink_mode true needs mode GRAPH (got {cfg.mode}): in "
+                          f"PyNative mode Model.train runs sink mode step by step; use false "
+                          f"or auto")
+    sink = cfg.dataset_sink_mode == "true" or (cfg.dataset_sink_mode == "auto"
+                                               and cfg.device_target != "CPU"
+                                               and cfg.mode == "GRAPH")
+    if not sink:
+        return 0
+    sink_size = cfg.sink_size or steps_per_epoch
+    if sink_size > steps_per_epoch:
+        raise ConfigError(f"sink_size {sink_size} is larger than an epoch ({steps_per_epoch} "
+                          f"steps per device): use at most {steps_per_epoch}, or 0 for one "
+                          f"epoch per call")
+    if steps_per_epoch % sink_size:
+        divisors = [d for d in range(1, steps_per_epoch + 1) if steps_per_epoch % d == 0]
+        near = sorted(divisors, key=lambda d: abs(d - sink_size))[:2]
+        raise ConfigError(f"sink_size {sink_size} does not divide an epoch of "
+                          f"{steps_per_epoch} steps: epochs must end on a sink call; use a "
+                          f"divisor such as {' or '.join(map(str, sorted(near)))}, or 0 for one "
+                          f"epoch per call")
+    return sink_size
