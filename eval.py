@@ -55,21 +55,23 @@ from src.data.settings import Sampling
 from src.deploy import formats, gradcam
 from src.deploy.inference import load_network
 from src.deploy.multilabel_report import MultiLabelReport
-from src.deploy.outputs import model_thresholds, probabilities, write_thresholds
+from src.deploy.outputs import model_thresholds
+from src.deploy.records import write_tuned_thresholds
 from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.models.tta import with_tta
 from src.recipe import (
+    checkpoint_digest,
     eval_label_table,
+    model_config,
+    model_preprocess,
     network_kwargs,
-    resolve_eval_preprocess,
-    resolve_task,
-    resolve_tta,
+    resolve_model,
     split_indices,
 )
-from src.training.loss import CrossEntropySmooth, MultiLabelBCE
+from src.training.loss import CrossEntropySmooth, create_loss
 from src.training.model import classification_metrics
 from src.utils import device
 from src.utils.cli import run_entry_point
@@ -87,42 +89,161 @@ SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
-def evaluate(predict, dataset, cfg, progress, report=None):
-    """Top-1, top-5 and the mean per-batch loss (label-smoothed cross-entropy, as in
-    training) of ``predict`` (numpy images -> numpy logits) over every batch of ``dataset``,
-    with MindSpore's metric classes (as ``Model.eval`` computes them).
+def evaluate(predict, dataset, scoring, progress, *, class_num, source):
+    """Run ``predict`` (numpy images -> numpy logits) over every batch of ``dataset`` once and
+    give each batch's logits and labels to ``scoring`` (the task's ``Scoring``).
 
     Args:
         predict (callable): float32 (N, 3, H, W) -> float32 logits (N, class_num).
-        dataset (mindspore.dataset.Dataset): Batches of ``image`` and ``label`` columns.
-        cfg (Config): ``class_num``, ``label_smoothing`` and ``checkpoint_path`` (messages).
+        dataset (mindspore.dataset.Dataset): Batches of ``image`` and ``label`` columns
+            (class indices (N,), or multi-hot float32 (N, K)).
+        scoring: ``update(logits, labels)``.
         progress (Progress): Told the number of images of each batch once evaluated.
-        report (ClassReport, optional): Also given every batch (the per-class report).
+        class_num (int): The model's classes; source (str): the model file, for messages.
 
     Returns:
-        dict: ``top1``, ``top5``, ``loss`` (floats) and ``images``: the number of labels
-        evaluated.
+        int: The number of images evaluated.
 
     Raises:
-        ConfigError: If the model's class count is not ``cfg.class_num``.
+        ConfigError: If the model's class count is not ``class_num``.
     """
-    metrics = {**classification_metrics(cfg.class_num), "loss": nn.Loss()}
-    loss_fn = CrossEntropySmooth(cfg.label_smoothing, cfg.class_num)
     evaluated = 0
     for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
         logits = predict(images)
-        if logits.shape[1] != cfg.class_num:
-            raise ConfigError(f"{cfg.checkpoint_path} outputs {logits.shape[1]} classes but "
-                              f"class_num is {cfg.class_num}")
-        metrics["top1"].update(logits, labels)
-        metrics["top5"].update(logits, labels)
-        metrics["loss"].update(loss_fn(ms.Tensor(logits), ms.Tensor(labels)))
-        if report is not None:
-            report.update(logits, labels)
+        if logits.shape[1] != class_num:
+            raise ConfigError(f"{source} outputs {logits.shape[1]} classes but class_num is "
+                              f"{class_num}")
+        scoring.update(logits, labels)
         evaluated += len(labels)
         progress.update(len(labels))
-    return {**{name: float(metric.eval()) for name, metric in metrics.items()},
-            "images": evaluated}
+    return evaluated
+
+
+def loss_description(loss: dict) -> str:
+    """``asl (asl_gamma_neg 4, ...)``: a loss record (``ModelRecord.loss``) as words."""
+    settings = ", ".join(f"{k} {v}" for k, v in loss.items()
+                         if k not in ("loss", "pos_weight", "class_weights"))
+    weights = " with pos_weight" if "pos_weight" in loss else ""
+    return f"{loss['loss']}{weights}" + (f" ({settings})" if settings else "")
+
+
+class FolderScoring:
+    """``task multiclass``: top-1, top-5 and the mean per-batch loss (the label-smoothed
+    cross-entropy of training, MindSpore's metric classes as ``Model.eval``) and the per-class
+    report (``ClassReport``) of class folders or the CIFAR-10 binaries."""
+
+    def __init__(self, cfg, model, indices):
+        self.cfg, self.model = cfg, model
+        self.labels = None  # class folders: no label table
+        smoothing = (model.loss or {}).get("label_smoothing", cfg.label_smoothing)
+        self.loss_name = f"cross-entropy (label_smoothing {smoothing})"
+        self.loss_fn = CrossEntropySmooth(smoothing, model.class_num)
+        self.metrics = {**classification_metrics(model.class_num), "loss": nn.Loss()}
+        if cfg.dataset == "imagefolder":
+            files = image_folder_files(cfg.data_path)
+            self.report = ClassReport(model.class_num, class_names_of(cfg.data_path),
+                                      files if indices is None else [files[i] for i in indices])
+        else:
+            self.report = ClassReport(model.class_num, CIFAR10_CLASSES)
+
+    def update(self, logits, labels):
+        self.metrics["top1"].update(logits, labels)
+        self.metrics["top5"].update(logits, labels)
+        self.metrics["loss"].update(self.loss_fn(ms.Tensor(logits), ms.Tensor(labels)))
+        self.report.update(logits, labels)
+
+    def result(self):
+        """(the summary's scores, the per-class details)."""
+        scores = {name: float(metric.eval()) for name, metric in self.metrics.items()}
+        return scores, self.report.summary()
+
+    def write(self, summary, details, out, preprocess):
+        """Grad-CAM overlays, the result line, the confusion picture; returns the page's
+        extra keywords."""
+        cfg = self.cfg
+        add_cam_overlays(cfg, self.model, details["misclassified"], preprocess)
+        worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
+            details["per_class"], key=lambda c: c["accuracy"])[:3])
+        print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over "
+              f"{summary['images']} images; lowest per-class accuracy: {worst}; "
+              f"{len(details['misclassified'])} misclassified images listed in {out}")
+        if cfg.plot:
+            picture = os.path.join(cfg.output_dir, "confusion_matrix.png")
+            plot_confusion(details["confusion_matrix"], self.report.names, picture)
+            print(f"confusion matrix: {picture}")
+            if cfg.tensorboard:  # the picture and the numbers, in output_dir/tensorboard/
+                tracker = TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER))
+                tracker.image("eval/confusion_matrix", 0, picture)
+                tracker.scalars(0, {"eval/top1": summary["top1"], "eval/top5": summary["top5"],
+                                    "eval/loss": summary["loss"]})
+                tracker.close()
+        return {}
+
+
+class LabelFileScoring:
+    """``task multilabel`` (docs/multilabel.md): the sigmoid scores of every image of
+    ``label_file`` (or ``split_file``'s), mAP and the per-class report at the model's
+    thresholds (``MultiLabelReport``; ``tune_thresholds``: tuned for F1 here and recorded
+    against the checkpoint's weights), and the mean per-image loss the model was trained with
+    (its record's ``loss``; binary cross-entropy when it records none)."""
+
+    def __init__(self, cfg, model, indices):
+        if cfg.tune_thresholds and formats.model_suffix(cfg.checkpoint_path) != ".ckpt":
+            raise ConfigError(f"tune_thresholds writes thresholds.json beside a .ckpt "
+                              f"checkpoint; {cfg.checkpoint_path} is not one (tune on the "
+                              f"checkpoint, then export it: the file records the thresholds)")
+        self.cfg, self.model = cfg, model
+        self.labels = eval_label_table(cfg, model.class_names)
+        loss = dict(model.loss or {"loss": "bce"})
+        self.loss_name = loss_description(loss)
+        self.loss_fn = create_loss(
+            loss["loss"], 0.0, model.class_num, task=model.task, reduction="none",
+            class_weights=loss.get("pos_weight"),
+            **{k: loss[k] for k in ("asl_gamma_neg", "asl_gamma_pos", "asl_clip") if k in loss})
+        self.loss_sum = 0.0
+        files = self.labels.files if indices is None else [self.labels.files[i] for i in indices]
+        self.report = MultiLabelReport(self.labels.class_names, files,
+                                       thresholds=model_thresholds(model, model.class_num))
+
+    def update(self, logits, labels):
+        losses = self.loss_fn(ms.Tensor(logits), ms.Tensor(labels)).asnumpy()
+        self.loss_sum += float(losses.astype(np.float64).sum())
+        self.report.update(self.model.task_object.probabilities(logits), labels)
+
+    def result(self):
+        """(the summary's scores, the per-class details), thresholds tuned first if asked."""
+        if self.cfg.tune_thresholds:
+            tuned = tune_thresholds(self.report.scores, self.report.targets)
+            written = write_tuned_thresholds(self.cfg.checkpoint_path,
+                                             self.labels.class_names, tuned,
+                                             checkpoint_digest(self.cfg)(self.model))
+            self.report.thresholds = tuned
+            print(f"thresholds tuned for F1 on these {len(self.report.scores)} images, "
+                  f"recorded for the weights of {self.cfg.checkpoint_path}: {written}")
+        details = self.report.summary()
+        images = max(len(self.report.scores), 1)
+        return {"mAP": details["mAP"], "loss": self.loss_sum / images}, details
+
+    def write(self, summary, details, out, preprocess):
+        """The per-class tables and the precision-recall picture; returns the page's extra
+        keywords."""
+        del preprocess
+        tables = self.report.write_tables(self.cfg.output_dir)
+        print(f"mAP {details['mAP']:.4f}, exact match {details['exact_match']:.4f}, macro F1 "
+              f"{details['macro_f1']:.4f} over {summary['images']} images; {out}; per-class "
+              f"tables: {', '.join(tables)}")
+        picture = os.path.join(self.cfg.output_dir, "pr_curves.png")
+        try:
+            self.report.plot_pr_curves(picture)
+            print(f"precision-recall curves: {picture}")
+        except UserError as err:  # no matplotlib: the numbers are written, the picture is not
+            print(f"no pr_curves.png: {err}")
+            picture = None
+        return {"pr_curves": picture}
+
+
+SCORINGS = {"multiclass": FolderScoring, "multilabel": LabelFileScoring}
+"""The scoring of each task (``src.utils.tasks.TASKS``) by name."""
 
 
 def benchmark_inference(cfg):
@@ -154,198 +275,92 @@ def benchmark_inference(cfg):
     return 0
 
 
-def check_data_classes(cfg):
+def check_data_classes(cfg, model):
     """Raise ``ConfigError`` unless ``cfg.data_path`` is given and, for class folders, holds
-    ``cfg.class_num`` of them."""
+    the model's classes: ``class_num`` of them, with the names and order the model records
+    (a model that records none: one line says the names are not compared)."""
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the evaluation data folder")
-    folders = len(class_names_of(cfg.data_path)) if cfg.dataset == "imagefolder" else cfg.class_num
-    if folders != cfg.class_num:
-        raise ConfigError(f"data_path {cfg.data_path} has {folders} class folders but class_num "
-                          f"is {cfg.class_num}")
+    if model.task_object.label_file:
+        return
+    names = class_names_of(cfg.data_path) if cfg.dataset == "imagefolder" else CIFAR10_CLASSES
+    if cfg.dataset == "imagefolder" and len(names) != model.class_num:
+        raise ConfigError(f"data_path {cfg.data_path} has {len(names)} class folders but "
+                          f"class_num is {model.class_num}")
+    if model.class_names is None:
+        print(f"{cfg.checkpoint_path or 'the model'} records no class names: the names of "
+              f"data_path's classes are not compared with the model's")
+        return
+    if tuple(names) != tuple(model.class_names):
+        differ = [f"{i}: {a} / {b}" for i, (a, b) in enumerate(zip(names, model.class_names))
+                  if a != b][:5]
+        raise ConfigError(f"data_path {cfg.data_path} has other classes than "
+                          f"{model.source or cfg.checkpoint_path} was trained on (label: folder "
+                          f"/ model: {', '.join(differ)}): its labels would be scored against "
+                          f"other classes; evaluate on a folder with the model's class names")
 
 
 def main(argv=None):
     """Evaluate as configured by ``argv``; print and write the result; return 0."""
-    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
-    set_max_image_pixels(cfg.max_image_pixels)
+    given = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    set_max_image_pixels(given.max_image_pixels)
     get_logger("eval")  # also shows the src modules' lines (which weights were loaded)
-    preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
-    resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
-    resolve_task(cfg)  # the model's recorded task (multiclass or multilabel) unless set
+    model = resolve_model(given)  # the model file's record; the config for what it lacks
+    cfg = model_config(given, model)
+    preprocess = model_preprocess(cfg, model)
     formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)  # before slow work
     if cfg.benchmark_steps:
         device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
         return benchmark_inference(cfg)
-    if cfg.task == "multilabel":
-        return evaluate_multilabel(cfg, preprocess)
-    check_data_classes(cfg)
-    indices = split_indices(cfg)  # None: every image of data_path
+    check_data_classes(cfg, model)
+    indices = split_indices(cfg)  # None: every image (or row of label_file)
+    scoring = SCORINGS[model.task_object.name](cfg, model, indices)
     # before the evaluation, not after it; created when the result is written (a run
     # refused by a later check, e.g. of the checkpoint, leaves no empty folder)
     check_output_dir(cfg.output_dir, create=False)
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
-
     dataset = pipeline.create_dataset(cfg.data_path, preprocess, dataset=cfg.dataset,
                                       batch_size=cfg.batch_size,
-                                      sampling=Sampling(indices=indices),
+                                      sampling=Sampling(indices=indices), labels=scoring.labels,
                                       num_parallel_workers=cfg.num_parallel_workers,
                                       check_images=cfg.check_images)
-    total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices)
+    total = count_images(cfg.data_path, is_training=False, dataset=cfg.dataset, indices=indices,
+                         labels=scoring.labels)
     predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
                                      cfg.batch_size, use_ema=cfg.use_ema,
                                      device_target=cfg.device_target,
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
                                      runtime=cfg.runtime, tta=cfg.tta)
-
-    report = class_report(cfg, indices)
     start = time.time()
     with readable_pipeline_errors(), Progress(total, "eval") as progress:
-        result = evaluate(predict, dataset, cfg, progress, report)
+        images = evaluate(predict, dataset, scoring, progress, class_num=cfg.class_num,
+                          source=cfg.checkpoint_path)
     seconds = time.time() - start
+    check_output_dir(cfg.output_dir)
+    scores, details = scoring.result()
     summary = {"checkpoint_path": cfg.checkpoint_path,
                "runtime": formats.model_runtime(cfg.checkpoint_path, cfg.runtime),
-               "tta": cfg.tta,
-               "data_path": cfg.data_path,
-              "net_name": cfg.net_name, "images": result["images"],
-              "top1": result["top1"], "top5": result["top5"],
-              "loss": result["loss"], "time_s": round(seconds, 2)}
+               "tta": cfg.tta, "task": model.task_object.name, "data_path": cfg.data_path,
+               "net_name": cfg.net_name, "images": images, **scores,
+               "loss_name": scoring.loss_name, "time_s": round(seconds, 2)}
+    if scoring.labels is not None:
+        summary["label_file"] = cfg.label_file
     if cfg.split_file:
         summary["split_file"] = cfg.split_file  # the images evaluated: those it lists
     print(json.dumps(summary, indent=1))
-    details = report.summary()
-    worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
-        details["per_class"], key=lambda c: c["accuracy"])[:3])
-    check_output_dir(cfg.output_dir)
-    add_cam_overlays(cfg, details["misclassified"], preprocess)
     out = os.path.join(cfg.output_dir, "eval_result.json")
     atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
-    print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over {summary['images']} "
-          f"images; lowest per-class accuracy: {worst}; "
-          f"{len(details['misclassified'])} misclassified images listed in {out}")
-    page = os.path.join(cfg.output_dir, "report.html")
-    atomic_write_text(page, build_report_page(
-        dict(summary, **details), output_dir=cfg.output_dir, eval_config=cfg.to_yaml(),
-        run_folder=run_folder_of(cfg.checkpoint_path), exif_transpose=cfg.exif_transpose))
-    print(f"report page: {page}")
-    if cfg.plot:
-        picture = os.path.join(cfg.output_dir, "confusion_matrix.png")
-        plot_confusion(details["confusion_matrix"], report.names, picture)
-        print(f"confusion matrix: {picture}")
-        if cfg.tensorboard:  # the picture and the numbers, in output_dir/tensorboard/
-            tracker = TensorBoardLog(os.path.join(cfg.output_dir, TENSORBOARD_FOLDER))
-            tracker.image("eval/confusion_matrix", 0, picture)
-            tracker.scalars(0, {"eval/top1": summary["top1"], "eval/top5": summary["top5"],
-                                "eval/loss": summary["loss"]})
-            tracker.close()
-    return 0
-
-
-def evaluate_multilabel(cfg, preprocess):
-    """eval.py for ``task multilabel`` (docs/multilabel.md): sigmoid scores of every image of
-    ``label_file`` (or ``split_file``'s), mAP and the per-class report at the model's
-    thresholds (``tune_thresholds``: tuned for F1 here and written beside the checkpoint);
-    ``eval_result.json``, ``per_class.csv`` / ``.md`` and ``pr_curves.png`` in output_dir.
-    Returns 0.
-
-    Raises:
-        ConfigError: ``tune_thresholds`` without a .ckpt; as ``eval_label_table``.
-    """
-    if cfg.tune_thresholds and formats.model_suffix(cfg.checkpoint_path) != ".ckpt":
-        raise ConfigError(f"tune_thresholds writes thresholds.json beside a .ckpt checkpoint; "
-                          f"{cfg.checkpoint_path} is not one (tune on the checkpoint, then "
-                          f"export it: the file records the thresholds)")
-    labels = eval_label_table(cfg)
-    indices = split_indices(cfg)  # None: every row of label_file
-    check_output_dir(cfg.output_dir, create=False)
-    device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
-    dataset = pipeline.create_dataset(cfg.data_path, preprocess, batch_size=cfg.batch_size,
-                                      sampling=Sampling(indices=indices), labels=labels,
-                                      num_parallel_workers=cfg.num_parallel_workers,
-                                      check_images=cfg.check_images)
-    total = count_images(cfg.data_path, is_training=False, indices=indices, labels=labels)
-    predict = formats.load_predictor(cfg.checkpoint_path, cfg.net_name, cfg.class_num,
-                                     cfg.batch_size, use_ema=cfg.use_ema,
-                                     device_target=cfg.device_target,
-                                     stem_pool_pad_mode=cfg.stem_pool_pad_mode,
-                                     runtime=cfg.runtime, tta=cfg.tta)
-    files = labels.files if indices is None else [labels.files[i] for i in indices]
-    thresholds = model_thresholds(formats.recorded_outputs(cfg.checkpoint_path, cfg.class_num),
-                                  cfg.class_num)
-    report = MultiLabelReport(labels.class_names, files, thresholds=thresholds)
-    start = time.time()
-    with readable_pipeline_errors(), Progress(total, "eval") as progress:
-        result = evaluate_scores(predict, dataset, cfg, progress, report)
-    seconds = time.time() - start
-    check_output_dir(cfg.output_dir)
-    if cfg.tune_thresholds:
-        tuned = tune_thresholds(report.scores, report.targets)
-        written = write_thresholds(os.path.dirname(cfg.checkpoint_path) or ".",
-                                   labels.class_names, tuned)
-        report.thresholds = tuned
-        print(f"thresholds tuned for F1 on these {result['images']} images: {written}")
-    details = report.summary()
-    summary = {"checkpoint_path": cfg.checkpoint_path,
-               "runtime": formats.model_runtime(cfg.checkpoint_path, cfg.runtime),
-               "tta": cfg.tta, "task": cfg.task, "data_path": cfg.data_path,
-               "label_file": cfg.label_file, "net_name": cfg.net_name,
-               "images": result["images"], "mAP": details["mAP"], "loss": result["loss"],
-               "time_s": round(seconds, 2)}
-    if cfg.split_file:
-        summary["split_file"] = cfg.split_file
-    print(json.dumps(summary, indent=1))
-    out = os.path.join(cfg.output_dir, "eval_result.json")
-    atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
-    tables = report.write_tables(cfg.output_dir)
-    print(f"mAP {details['mAP']:.4f}, exact match {details['exact_match']:.4f}, macro F1 "
-          f"{details['macro_f1']:.4f} over {summary['images']} images; {out}; per-class "
-          f"tables: {', '.join(tables)}")
-    picture = os.path.join(cfg.output_dir, "pr_curves.png")
-    try:
-        report.plot_pr_curves(picture)
-        print(f"precision-recall curves: {picture}")
-    except UserError as err:  # no matplotlib: the numbers are written, the picture is not
-        print(f"no pr_curves.png: {err}")
-        picture = None
+    page_extras = scoring.write(summary, details, out, preprocess)
     page = os.path.join(cfg.output_dir, "report.html")
     atomic_write_text(page, build_report_page(
         dict(summary, **details), output_dir=cfg.output_dir, eval_config=cfg.to_yaml(),
         run_folder=run_folder_of(cfg.checkpoint_path), exif_transpose=cfg.exif_transpose,
-        pr_curves=picture))
+        **page_extras))
     print(f"report page: {page}")
     return 0
 
 
-def evaluate_scores(predict, dataset, cfg, progress, report):
-    """The sigmoid scores of ``predict`` over every batch of ``dataset`` (multi-hot targets)
-    given to ``report``, and the mean per-image loss (binary cross-entropy, the mean over the
-    classes).
-
-    Returns:
-        dict: ``loss``, ``images``, ``scores`` and ``targets`` (float32 (N, K)).
-
-    Raises:
-        ConfigError: If the model's class count is not ``cfg.class_num``.
-    """
-    loss_fn = MultiLabelBCE(cfg.class_num, reduction="none")
-    loss_sum, scores, targets = 0.0, [], []
-    for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
-        logits = predict(images)
-        if logits.shape[1] != cfg.class_num:
-            raise ConfigError(f"{cfg.checkpoint_path} outputs {logits.shape[1]} classes but "
-                              f"class_num is {cfg.class_num}")
-        losses = loss_fn(ms.Tensor(logits), ms.Tensor(labels)).asnumpy()
-        loss_sum += float(losses.astype(np.float64).sum())
-        scores.append(probabilities(logits, "multilabel"))
-        targets.append(labels)
-        report.update(scores[-1], labels)
-        progress.update(len(labels))
-    scores, targets = np.concatenate(scores), np.concatenate(targets)
-    return {"loss": loss_sum / len(scores), "images": len(scores), "scores": scores,
-            "targets": targets}
-
-
-def add_cam_overlays(cfg, misclassified, preprocess):
+def add_cam_overlays(cfg, model, misclassified, preprocess):
     """``cam_images``: the Grad-CAM overlays of the first misclassified images in
     output_dir/cam/, their entries given ``cam`` (``src.deploy.gradcam.write_misclassified``);
     one line says why none are written (``src.deploy.gradcam.overlay_skip_reason``)."""
@@ -357,23 +372,13 @@ def add_cam_overlays(cfg, misclassified, preprocess):
     if reason:
         print(f"cam_images: no Grad-CAM overlays: {reason}")
         return
-    net = load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path, use_ema=cfg.use_ema,
-                       device_target=cfg.device_target, stem_pool_pad_mode=cfg.stem_pool_pad_mode)
+    net = load_network(model.net_name, model.class_num, cfg.checkpoint_path,
+                       use_ema=cfg.use_ema, device_target=cfg.device_target,
+                       stem_pool_pad_mode=cfg.stem_pool_pad_mode)
     gradcam.write_misclassified(gradcam.GradCam(net), entries, preprocess=preprocess,
                                 output_dir=cfg.output_dir, batch_size=cfg.batch_size)
     print(f"Grad-CAM overlays of {len(entries)} misclassified images: "
           f"{os.path.join(cfg.output_dir, gradcam.CAM_FOLDER)}")
-
-
-def class_report(cfg, indices=None):
-    """An empty ``ClassReport`` of the eval data: class names from the class folders (the
-    CIFAR-10 names for the binary format), images named by path (by index for CIFAR-10);
-    with ``indices`` (``src.recipe.split_indices``) those images only."""
-    if cfg.dataset == "imagefolder":
-        files = image_folder_files(cfg.data_path)
-        return ClassReport(cfg.class_num, class_names_of(cfg.data_path),
-                           files if indices is None else [files[i] for i in indices])
-    return ClassReport(cfg.class_num, CIFAR10_CLASSES)
 
 
 if __name__ == "__main__":

@@ -54,10 +54,8 @@ import tempfile
 import mindspore as ms
 import numpy as np
 
-from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.deploy import formats, inference, quantize
-from src.deploy.outputs import metadata_record, model_thresholds
 from src.deploy.publish import (
     check_folder_target,
     model_card,
@@ -70,9 +68,10 @@ from src.deploy.quantize import (
     reduce_range_for,
     select_calibration_images,
 )
+from src.deploy.records import hub_config, write_model_record
 from src.models.bn_fold import fold_batchnorm
 from src.models.tta import with_tta
-from src.recipe import eval_preprocess, fill_from_weights, resolve_task, resolve_tta
+from src.recipe import model_config, model_preprocess, resolve_model
 from src.utils import device
 from src.utils.checkpoint import read_checkpoint, stored_config
 from src.utils.cli import run_entry_point
@@ -88,7 +87,8 @@ SECTIONS = ("network", "data", "device", "model file", "export")
 LOGGER = logging.getLogger("export")
 
 
-def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=False):
+def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, preprocess,
+                     reduce_range=False):
     """Export ``net`` as float32 ONNX into a temporary folder beside ``out_path``, then
     quantize it to ``out_path`` (``src.deploy.quantize.export_int8``), calibrated on the image
     paths ``calibration``, with 7-bit weights if ``reduce_range`` (``reduce_range_for``); with
@@ -99,13 +99,13 @@ def export_int8_onnx(net, dummy, cfg, calibration, out_path, *, reduce_range=Fal
         formats.export_model(net, dummy, fp32, "ONNX", cfg.dynamic_batch)
         formats.check_exported(fp32 + ".onnx", "ONNX", cfg.dynamic_batch)
         quantize.export_int8(fp32 + ".onnx", out_path, calibration, cfg.batch_size,
-                             eval_preprocess(cfg), reduce_range=reduce_range)
+                             preprocess, reduce_range=reduce_range)
 
 
-def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
+def export_checked(net, dummy, cfg, calibration, *, model, reduce_range=False):
     """Export to a temporary name in the target folder, load the result back
-    (``src.deploy.formats.check_exported``), record ``tta`` in it (``record_metadata``),
-    then rename it over ``file_name`` + suffix: on
+    (``src.deploy.formats.check_exported``), write the ``model`` record into it
+    (``write_model_record``), then rename it over ``file_name`` + suffix: on
     any failure the earlier file of that name is left as it was. With ``calibration`` (image
     paths) the export is int8 (``export_int8_onnx``, ``reduce_range`` its 7-bit weights).
 
@@ -123,35 +123,21 @@ def export_checked(net, dummy, cfg, calibration, *, reduce_range=False):
         try:
             if calibration:
                 export_int8_onnx(net, dummy, cfg, calibration, partial + ".onnx",
-                                 reduce_range=reduce_range)
+                                 reduce_range=reduce_range, preprocess=model_preprocess(cfg, model))
             else:
                 formats.export_model(net, dummy, partial, cfg.file_format, cfg.dynamic_batch)
         except OSError as err:
             raise WriteError(f"cannot export {final}: {err}") from err
         formats.check_exported(partial + suffix, cfg.file_format, cfg.dynamic_batch)
         try:
-            formats.record_metadata(partial + suffix, cfg.file_format,
-                                    {formats.TTA_KEY: cfg.tta,  # what eval.py reads back
-                                     **metadata_record(cfg.task, *model_outputs(cfg))})
+            write_model_record(partial + suffix, cfg.file_format, model)
             os.replace(partial + suffix, final)
         except OSError as err:
             raise WriteError(f"cannot write {final}: {err.strerror or err}") from err
     return final
 
 
-def model_outputs(cfg):
-    """(class names or None, thresholds float64 (class_num,)) of a ``multilabel`` model, to
-    record in the export: its thresholds (``formats.recorded_outputs``: ``thresholds.json``
-    beside the checkpoint, Hub weights' ``config.json``), else 0.5 each; (None, None) for
-    ``multiclass``."""
-    if cfg.task != "multilabel":
-        return None, None
-    return (model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path),
-            model_thresholds(formats.recorded_outputs(cfg.checkpoint_path, cfg.class_num),
-                             cfg.class_num))
-
-
-def publish(cfg):
+def publish(cfg, model):
     """``file_format SAFETENSORS``: the weights as a folder timm and torchvision load
     (``src.deploy.publish``): ``model.safetensors``, ``config.json`` with the eval settings of
     ``cfg`` and the class names (``class_names.txt`` beside the checkpoint, the Hub weights'
@@ -165,9 +151,9 @@ def publish(cfg):
     net = inference.load_network(cfg.net_name, cfg.class_num, cfg.checkpoint_path,
                                  use_ema=cfg.use_ema, device_target=None,
                                  stem_pool_pad_mode=cfg.stem_pool_pad_mode)
-    names = model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
-    config = timm_config(cfg.net_name, cfg.class_num, eval_preprocess(cfg), names, tta=cfg.tta,
-                         thresholds=model_outputs(cfg)[1])
+    names = list(model.class_names) if model.class_names else None
+    config = hub_config(timm_config(cfg.net_name, cfg.class_num, model_preprocess(cfg, model),
+                                    names), model)
     run_config = eval_result = None
     if not is_pretrained_source(cfg.checkpoint_path):
         run_config = stored_config(read_checkpoint(cfg.checkpoint_path))
@@ -190,11 +176,11 @@ def publish(cfg):
 
 def main(argv=None):
     """Export as configured by ``argv``; return 0."""
-    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
-    set_max_image_pixels(cfg.max_image_pixels)  # calibration images
+    given = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    set_max_image_pixels(given.max_image_pixels)  # calibration images
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
-    fill_from_weights(cfg, cfg.checkpoint_path)  # Hub weights: their settings unless set
-    resolve_tta(cfg)  # and their test-time augmentation
+    model = resolve_model(given)  # the model file's record; the config for what it lacks
+    cfg = model_config(given, model)
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)
@@ -212,7 +198,7 @@ def main(argv=None):
         check_folder_target(cfg.file_name)
     lock = lock_export(cfg)  # one export per file name at a time
     try:
-        return export_locked(cfg)
+        return export_locked(cfg, model)
     finally:
         lock.release()
 
@@ -247,12 +233,12 @@ def lock_export(cfg):
     return lock
 
 
-def export_locked(cfg):
-    """The export of ``main``, its file locked (``lock_export``); returns 0."""
-    resolve_task(cfg)  # the model's task unless set (multilabel: recorded with thresholds)
+def export_locked(cfg, model):
+    """The export of ``main`` (the resolved ``model``'s weights and record), its file locked
+    (``lock_export``); returns 0."""
     if cfg.file_format == "SAFETENSORS":
         device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
-        return publish(cfg)
+        return publish(cfg, model)
     calibration = (select_calibration_images(cfg.calibration_data_path, cfg.calibration_images)
                    if cfg.quantize == "int8" else None)
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
@@ -265,7 +251,7 @@ def export_locked(cfg):
     size = cfg.eval_image_size
     dummy = ms.Tensor(np.zeros([cfg.batch_size, 3, size, size], np.float32))
     reduce_range = bool(calibration) and reduce_range_for(cfg.quantize_reduce_range)
-    final = export_checked(net, dummy, cfg, calibration, reduce_range=reduce_range)
+    final = export_checked(net, dummy, cfg, calibration, model=model, reduce_range=reduce_range)
     int8 = (f"int8 (static QDQ, {7 if reduce_range else 8}-bit weights: quantize_reduce_range "
             f"{cfg.quantize_reduce_range}) calibrated on {len(calibration)} images of "
             f"{cfg.calibration_data_path}; " if calibration else "")

@@ -36,57 +36,32 @@ import sys
 
 import numpy as np
 
-from src.data.class_names import model_class_names
 from src.data.image_check import set_max_image_pixels
 from src.data.multilabel import read_label_file
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network
-from src.deploy.outputs import (
-    TASKS,
-    ThresholdsError,
-    labels_above,
-    model_thresholds,
-    probabilities,
-)
-from src.recipe import resolve_eval_preprocess, resolve_task, resolve_tta
+from src.deploy.outputs import labels_above, model_thresholds
+from src.recipe import model_config, model_preprocess, resolve_model
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.files import check_output_dir
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
+from src.utils.tasks import DEFAULT_TASK, get_task
 
 SECTIONS = ("network", "data", "device", "model file", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
-def class_names_for(cfg, class_num):
-    """Names in label order (``model_class_names``); ``class_<i>`` when none is known.
-
-    Raises:
-        ClassNamesError: If the names found are not ``class_num``.
-    """
-    names = model_class_names(cfg.checkpoint_path, class_num, cfg.class_names_path)
-    return names or [f"class_{i}" for i in range(class_num)]
-
-
-def outputs_for(cfg, class_num):
-    """The class names (``class_names_for``; else those the model records) and, for task
-    ``multilabel``, the thresholds: the model's (``formats.recorded_outputs``), else 0.5
-    each (``model_thresholds``); None for ``multiclass``.
-
-    Raises:
-        ThresholdsError: If the model's thresholds are malformed or not ``class_num``.
-    """
-    record = formats.recorded_outputs(cfg.checkpoint_path, class_num)
-    names = model_class_names(cfg.checkpoint_path, class_num, cfg.class_names_path)
-    if names is None and record is not None and record.label_names:
-        if len(record.label_names) != class_num:
-            raise ThresholdsError(f"{record.source} records {len(record.label_names)} label "
-                                  f"names but the model has {class_num} classes")
-        names = record.label_names
-    names = names or class_names_for(cfg, class_num)
-    return names, model_thresholds(record, class_num) if cfg.task == "multilabel" else None
+def outputs_for(model):
+    """The class names of a resolved ``model`` (its record's, ``class_<i>`` when none is
+    known) and, for a task with thresholds (multilabel), its thresholds (the record's, else
+    0.5 each; ``model_thresholds``); None otherwise."""
+    names = list(model.class_names or [f"class_{i}" for i in range(model.class_num)])
+    thresholds = (model_thresholds(model, model.class_num)
+                  if model.task_object.uses_thresholds else None)
+    return names, thresholds
 
 
 def check_class_count(cfg, outputs):
@@ -97,10 +72,10 @@ def check_class_count(cfg, outputs):
                           f"{cfg.class_num}: pass --class_num {outputs}")
 
 
-def predict_in_batches(predict, paths, batch_size, preprocess, *, task=TASKS[0]):
+def predict_in_batches(predict, paths, batch_size, preprocess, *, task=DEFAULT_TASK):
     """Classify images a batch at a time: only ``batch_size`` images are read and held at
-    once, whatever the number of paths. Probabilities by ``task``
-    (``src.deploy.outputs.probabilities``: softmax, or a sigmoid per class).
+    once, whatever the number of paths. Probabilities by ``task`` (a ``Task``: softmax, or a
+    sigmoid per class).
 
     Args:
         predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K).
@@ -113,8 +88,8 @@ def predict_in_batches(predict, paths, batch_size, preprocess, *, task=TASKS[0])
         float (len(batch), K).
     """
     for batch in chunks(paths, batch_size):
-        yield batch, probabilities(predict(inference.preprocess_images(batch, preprocess)),
-                                   task)
+        yield batch, task.probabilities(predict(inference.preprocess_images(batch,
+                                                                            preprocess)))
 
 
 def top_classes(probs, names, top_k):
@@ -173,7 +148,7 @@ def true_labels(cfg, names):
     """
     if not cfg.label_file:
         return {}
-    if cfg.task != "multilabel":
+    if not get_task(cfg.task).label_file:
         raise ConfigError(f"label_file {cfg.label_file} gives the labels of a multi-label "
                           f"model; {cfg.checkpoint_path} is a {cfg.task} one")
     root = cfg.data_path or (cfg.image_path if os.path.isdir(cfg.image_path)
@@ -185,17 +160,17 @@ def true_labels(cfg, names):
 
 def main(argv=None):
     """Predict as configured by ``argv``; print one JSON line per image; return 0."""
-    cfg = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
-    set_max_image_pixels(cfg.max_image_pixels)
+    given = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    set_max_image_pixels(given.max_image_pixels)
     get_logger("predict", stream=sys.stderr)  # stdout holds the JSON lines
-    preprocess = resolve_eval_preprocess(cfg, cfg.checkpoint_path)  # Hub weights' unless set
-    resolve_tta(cfg)  # the model's recorded test-time augmentation unless set
-    if not cfg.image_path:
+    if not given.image_path:
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
-    if not cfg.checkpoint_path:
+    if not given.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
-    formats.check_runtime(cfg.checkpoint_path, cfg.runtime, cfg.device_target)
-    resolve_task(cfg)  # the model's task unless set (multilabel: a sigmoid per class)
+    formats.check_runtime(given.checkpoint_path, given.runtime, given.device_target)
+    model = resolve_model(given)  # the model file's record; the config for what it lacks
+    cfg = model_config(given, model)
+    preprocess = model_preprocess(cfg, model)
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 
     paths = list_images(cfg.image_path)
@@ -209,15 +184,15 @@ def main(argv=None):
                                      device_target=cfg.device_target,
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
                                      runtime=cfg.runtime, tta=cfg.tta)
-    names = thresholds = None
-    truth = {}
+    names, thresholds = outputs_for(model)
+    truth = true_labels(cfg, names)
+    checked = False
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
         for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
-                                               task=cfg.task):
-            if names is None:
+                                               task=model.task_object):
+            if not checked:
                 check_class_count(cfg, probs.shape[1])
-                names, thresholds = outputs_for(cfg, probs.shape[1])
-                truth = true_labels(cfg, names)
+                checked = True
             for path, row in zip(batch, probs):
                 line = {"image": path}
                 if thresholds is not None:

@@ -36,6 +36,7 @@ from src.recipe import (
     build_data,
     build_evaluator,
     build_network,
+    check_teacher_classes,
     check_train_config,
     fill_from_weights,
     record_run_images,
@@ -47,6 +48,7 @@ from src.recipe import (
     train_plan,
     training_model,
     training_network,
+    training_record,
 )
 from src.training.best import (
     BestCheckpoint,
@@ -87,6 +89,7 @@ from src.utils.config import Config, parse_config
 from src.utils.device import init_distributed
 from src.utils.files import atomic_write_text
 from src.utils.logger import get_logger
+from src.utils.tasks import get_task
 from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 from src.utils.tracking import TensorBoardLog
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- data: the training pipeline's shape, class names ----
     data = build_data(cfg, rank, device_num)
+    check_teacher_classes(cfg, data.class_names)  # a teacher of other classes is refused
 
     # ---- network, LR (per optimizer step), model: loss, optimizer, TrainStep, EMA ----
     net = build_network(cfg, device_num, log, rank)
@@ -151,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     # first, then the ones that read it; then the output folder ----
     sink_size = resolve_sink_size(cfg, data.steps_per_epoch)
     split = run_split(cfg, run.continues_here, rank == 0)
+    record = training_record(cfg, data.class_names, recipe.loss_kwargs).to_json()
     callbacks = build_callbacks(cfg, run, data, model, net=net, ema=ema, lr=lr,
                                 global_batch=global_batch, amp_level=amp_level, stop=stop,
-                                rank=rank, log=log)
+                                rank=rank, log=log, record=record)
     log = prepare_run_folder(cfg, run, class_names=data.class_names, rank=rank, log=log,
                              split=split)
     log_run_summary(cfg, run, steps_per_epoch=data.steps_per_epoch, global_batch=global_batch,
@@ -274,11 +279,12 @@ def log_run_summary(cfg: Config, run: ResumedRun, *, steps_per_epoch: int, globa
 
 def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net, ema,
                     lr: np.ndarray, global_batch: int, amp_level: str, stop: StopSignals,
-                    rank: int, log: logging.Logger) -> TrainCallbacks:
+                    rank: int, log: logging.Logger, record: str = "") -> TrainCallbacks:
     """The callbacks of ``Model.train``, in order: the step state first, then the ones that read
     it (signals, progress and metrics with the evaluator and the best checkpoint, checkpoints,
     profiler). ``model`` is the training ``Model`` (evaluated), ``net`` its network, ``ema``
-    its ``WeightEma`` or None, ``lr`` the per-step LR array; rank 0 writes the files.
+    its ``WeightEma`` or None, ``lr`` the per-step LR array; rank 0 writes the files;
+    ``record`` (the model record, JSON) goes into every checkpoint.
     """
     is_main = rank == 0
     steps_per_epoch = data.steps_per_epoch
@@ -286,7 +292,7 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
     if cfg.run_eval:
         best = BestCheckpoint(best_checkpoint_path(cfg.output_dir, cfg.net_name),
                               on_ema=cfg.best_on_ema and ema is not None, write=is_main,
-                              key=score_key(cfg))
+                              task=get_task(cfg.task), model_record=record)
         best.restore(run.best, run.folder_best)  # the checkpoints' best, not metrics.jsonl's
         shard = eval_shard(cfg.eval_data_path or cfg.data_path, data.eval_args, **data.shards)
         evaluator = build_evaluator(cfg, model=model, net=net, ema=ema, shard=shard,
@@ -310,7 +316,7 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
     if best is not None and cfg.early_stopping_patience:
         patience = Patience(cfg.early_stopping_patience, cfg.early_stopping_min_delta,
                             first_epoch=cfg.linear_probe_epochs, last_epoch=cfg.epoch_size,
-                            key=score_key(cfg))
+                            task=get_task(cfg.task))
         patience.restore((run.best or {}).get("early_stop"),
                          restart_at=run.start_step // steps_per_epoch if cfg.overwrite else None)
         early = EarlyStop(patience, best, state, steps_per_epoch=steps_per_epoch,
@@ -319,7 +325,7 @@ def build_callbacks(cfg: Config, run: ResumedRun, data: TrainData, model, *, net
                           run.start_step) if run.continues_here else []
     saver = CheckpointSaver(state, stop, output_dir=cfg.output_dir, prefix=cfg.net_name,
                             steps_per_epoch=steps_per_epoch, total_steps=len(lr),
-                            run_config=json.dumps(run.config),
+                            run_config=json.dumps(run.config), model_record=record,
                             save_epochs=cfg.save_checkpoint_epochs,
                             save_steps=cfg.save_checkpoint_steps, keep_max=cfg.keep_checkpoint_max,
                             own_files=prunable, write=is_main,

@@ -243,8 +243,9 @@ def test_export_py_hands_the_key_to_calibration(monkeypatch, tmp_path):
     calls = capture(monkeypatch, quantize, "export_int8")
     cfg = parse_config(["--exif_transpose", "true", "--file_format", "ONNX"])
     with pytest.raises(Captured):
-        export_entry.export_int8_onnx(None, None, cfg, ["image.jpg"],
-                                      str(tmp_path / "model.onnx"))
+        export_entry.export_int8_onnx(
+            None, None, cfg, ["image.jpg"], str(tmp_path / "model.onnx"),
+            preprocess=recipe.model_preprocess(cfg, recipe.resolve_model(cfg)))
     assert calls[0][0][4].exif_transpose is True
 
 

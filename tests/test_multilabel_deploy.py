@@ -6,6 +6,7 @@ The network is a ResNet-18 of 5 classes with seeded random weights at 32x32: its
 small (probabilities near 0.5), so a softmax over 5 classes (near 0.2) is far from them.
 """
 import json
+import logging
 import os
 import shutil
 
@@ -16,25 +17,24 @@ import torch
 
 from src.data.settings import EvalPreprocess
 from src.deploy import formats
-from src.deploy.exporting import mindir_metadata, onnx_metadata
 from src.deploy.inference import load_network, preprocess_images
-from src.deploy.outputs import (
-    TASKS,
-    THRESHOLDS_FILE,
-    ThresholdsError,
-    metadata_record,
-    probabilities,
-    read_metadata_record,
-    read_thresholds,
-    sigmoid,
-    write_thresholds,
-)
+from src.deploy.outputs import TASKS, probabilities
 from src.deploy.publish import model_card, timm_config
+from src.deploy.records import (
+    THRESHOLDS_FILE,
+    network_digest,
+    read_model_record,
+    tuned_thresholds,
+    write_tuned_thresholds,
+)
 from src.models.resnet import create_network
-from src.recipe import resolve_task
+from src.recipe import model_config, resolve_model
 from src.utils.checkpoint import CONFIG_KEY
 from src.utils.config import ConfigError, load_schema, parse_config
-from src.utils.hub import PROBLEM_TYPES, WeightsConfigError, resolve_weights
+from src.utils.hub import WeightsConfigError, resolve_weights
+from src.utils.model_record import ModelRecord, RecordError, from_dict
+from src.utils.multilabel_metrics import sigmoid
+from src.utils.tasks import PROBLEM_TYPES
 from tests.helpers import CIFAR_SAMPLE, run_in_process, succeeded
 from tests.test_tta import float32_tolerance
 
@@ -51,6 +51,11 @@ ROUNDING = 5e-7  # predict.py prints probabilities rounded to 6 decimals
 
 def config_of(*args):
     return parse_config([*COMMON, *[str(a) for a in args]])
+
+
+def resolved_task(cfg):
+    """The task a run of ``cfg`` uses (``resolve_model``)."""
+    return resolve_model(cfg).task
 
 
 # ---- probabilities ----
@@ -74,50 +79,68 @@ def test_probabilities_are_softmax_or_sigmoid_by_task_in_the_logits_dtype():
         probabilities(logits, "multilabels")
 
 
-# ---- thresholds.json and the metadata record ----
+# ---- thresholds.json (by the weights they were tuned on) and the record's checks ----
 
-def test_thresholds_file_round_trips_and_malformed_ones_are_named(tmp_path):
+def test_thresholds_file_keeps_each_weights_thresholds_and_malformed_ones_are_named(
+        tmp_path, caplog):
     thresholds = np.array([0.1, 0.25, 0.5, 0.75, 0.9], np.float32)
-    path = write_thresholds(str(tmp_path), NAMES, thresholds)
-    assert os.path.basename(path) == THRESHOLDS_FILE
-    with open(path, encoding="utf-8") as f:
-        assert json.load(f)["task"] == "multilabel"
     ckpt = str(tmp_path / "model.ckpt")
-    assert read_thresholds(ckpt, CLASSES).tolist() == thresholds.tolist()  # float32 exact
-    assert read_thresholds(str(tmp_path / "elsewhere" / "m.ckpt"), CLASSES) is None
-    with pytest.raises(ThresholdsError, match="class_names lists 5 names but the model has 4"):
-        read_thresholds(ckpt, 4)
-    with pytest.raises(ThresholdsError, match=r"thresholds\[1\] is 1.5"):
-        write_thresholds(str(tmp_path), NAMES[:2], [0.5, 1.5])
+    path = write_tuned_thresholds(ckpt, NAMES, thresholds, "a" * 64)
+    assert os.path.basename(path) == THRESHOLDS_FILE
+    write_tuned_thresholds(str(tmp_path / "other.ckpt"), NAMES, [0.3] * 5, "b" * 64)
+    with open(path, encoding="utf-8") as f:
+        content = json.load(f)
+    assert content["task"] == "multilabel" and len(content["tuned"]) == 2
+    record = ModelRecord(class_num=CLASSES, class_names=tuple(NAMES), task="multilabel")
+    own = tuned_thresholds(ckpt, record, lambda r: "a" * 64)
+    assert list(own.thresholds) == thresholds.tolist()  # float32 exact
+    assert own.thresholds_weights == "a" * 64
+    assert list(tuned_thresholds(ckpt, record, lambda r: "b" * 64).thresholds) == [0.3] * 5
+    with caplog.at_level(logging.WARNING):
+        other = tuned_thresholds(ckpt, record, lambda r: "c" * 64)
+    assert other.thresholds is None and "tuned on other weights" in caplog.text
+    assert "model.ckpt, other.ckpt" in caplog.text and "0.5 for every class" in caplog.text
+    with pytest.raises(RecordError, match="was tuned for the classes"):
+        tuned_thresholds(ckpt, record.with_values(class_names=tuple(reversed(NAMES))),
+                         lambda r: "a" * 64)
+    with pytest.raises(RecordError, match="thresholds has 2 values but class_num is 5"):
+        from_dict({"class_num": 5, "thresholds": [0.5, 0.5]})
+    with pytest.raises(RecordError, match="thresholds is 1.5"):
+        write_tuned_thresholds(ckpt, NAMES[:2], [0.5, 1.5], "d" * 64)
     for broken, message in (("{", "cannot read .* as JSON"),
                             ('{"task": "multiclass"}', "expected a JSON object with task "
-                                                       "multilabel"),
-                            (json.dumps({"task": "multilabel", "class_names": NAMES,
-                                         "thresholds": [0.5] * 4}),
-                             "thresholds is 4 values; expected a list of 5 numbers")):
+                                                       "multilabel")):
         (tmp_path / THRESHOLDS_FILE).write_text(broken, encoding="utf-8")
-        with pytest.raises(ThresholdsError, match=message):
-            read_thresholds(ckpt, CLASSES)
+        with pytest.raises(RecordError, match=message):
+            tuned_thresholds(ckpt, record, lambda r: "a" * 64)
+    old = {"task": "multilabel", "class_names": NAMES, "thresholds": [0.2] * 5}
+    (tmp_path / THRESHOLDS_FILE).write_text(json.dumps(old), encoding="utf-8")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert tuned_thresholds(ckpt, record, lambda r: "a" * 64).thresholds is None
+    assert "no weights_sha256" in caplog.text
 
 
-def test_the_metadata_record_round_trips():
-    assert metadata_record("multiclass", NAMES, [0.5] * 5) == {"task": "multiclass"}
-    record = read_metadata_record(metadata_record("multilabel", NAMES, [0.3] * 5), "m.onnx")
-    assert (record.task, record.thresholds.tolist(), record.label_names) == (
-        "multilabel", [0.3] * 5, NAMES)
-    old = read_metadata_record({}, "old.onnx")  # exported before the task was recorded
-    assert (old.task, old.thresholds, old.label_names) == ("multiclass", None, None)
-    with pytest.raises(ThresholdsError, match="records task 'regression'"):
-        read_metadata_record({"task": "regression"}, "m.onnx")
-    with pytest.raises(ThresholdsError, match=r"m.onnx: thresholds\[0\] is -0.1"):
-        read_metadata_record({"task": "multilabel", "thresholds": "[-0.1]"}, "m.onnx")
+def test_the_record_round_trips_and_malformed_ones_are_named():
+    record = ModelRecord(net_name="resnet18", class_num=5, class_names=tuple(NAMES),
+                         task="multilabel", thresholds=(0.3,) * 5, thresholds_weights="e" * 64,
+                         tta="flip", preprocess={"image_size": 32, "resize": 32,
+                                                 "interpolation": "bilinear"},
+                         loss={"loss": "asl", "asl_gamma_neg": 4.0})
+    assert from_dict(json.loads(record.to_json()), "m.onnx") == record
+    with pytest.raises(RecordError, match="m.onnx: field task is 'regression'"):
+        from_dict({"task": "regression"}, "m.onnx")
+    with pytest.raises(RecordError, match="m.onnx: field thresholds is -0.1"):
+        from_dict({"task": "multilabel", "thresholds": [-0.1]}, "m.onnx")
+    with pytest.raises(RecordError, match="class_names has 4 values but class_num is 5"):
+        from_dict({"class_num": 5, "class_names": NAMES[:4]}, "m.onnx")
 
 
 def test_the_card_and_config_json_say_multi_label():
     config = timm_config("resnet18", 3, EvalPreprocess(image_size=32, resize=32), NAMES[:3],
                          thresholds=[0.4, 0.5, 0.6])
     assert config["problem_type"] == "multi_label_classification"
-    assert PROBLEM_TYPES[config["problem_type"]] == "multilabel"
+    assert PROBLEM_TYPES[config["problem_type"]].name == "multilabel"
     assert config["thresholds"] == [0.4, 0.5, 0.6]
     assert "problem_type" not in timm_config("resnet18", 3, EvalPreprocess(), NAMES[:3])
     card = model_card("m", config, "m.ckpt")
@@ -129,7 +152,7 @@ def test_the_card_and_config_json_say_multi_label():
     assert "mAP 0.4086, macro F1 0.4859 at its thresholds on 150 images" in card
 
 
-# ---- resolve_task ----
+# ---- the task a run takes ----
 
 def tiny_checkpoint(folder, run_config=None):
     """A one-tensor ``folder/m.ckpt`` with ``run_config`` stored as train.py stores it (only
@@ -141,26 +164,32 @@ def tiny_checkpoint(folder, run_config=None):
     return path
 
 
-def test_resolve_task_takes_the_checkpoints_record_and_refuses_another(tmp_path):
+def test_a_run_takes_the_checkpoints_task_and_refuses_another(tmp_path):
     stored = tiny_checkpoint(tmp_path / "stored", {"task": "multilabel"})
     cfg = config_of("--checkpoint_path", stored)
-    assert resolve_task(cfg) == "multilabel" and cfg.task == "multilabel"
-    plain = tiny_checkpoint(tmp_path / "plain")
-    assert resolve_task(config_of("--checkpoint_path", plain)) == "multiclass"
-    assert resolve_task(config_of("--checkpoint_path", plain, "--task", "multilabel")) == \
+    model = resolve_model(cfg)
+    assert model.task == "multilabel" and model_config(cfg, model).task == "multilabel"
+    assert cfg.task == "multiclass"  # the config object is left as it was
+    os.makedirs(tmp_path / "plain")
+    plain = str(tmp_path / "plain" / "m.ckpt")
+    ms.set_seed(1)
+    ms.save_checkpoint(create_network("resnet18", class_num=CLASSES), plain)
+    assert resolved_task(config_of("--checkpoint_path", plain)) == "multiclass"
+    assert resolved_task(config_of("--checkpoint_path", plain, "--task", "multilabel")) == \
         "multilabel"
-    write_thresholds(str(tmp_path / "plain"), NAMES, [0.5] * CLASSES)
-    assert resolve_task(config_of("--checkpoint_path", plain)) == "multilabel"
+    digest = network_digest(load_network("resnet18", CLASSES, plain))
+    write_tuned_thresholds(plain, NAMES, [0.5] * CLASSES, digest)  # tuned on its weights
+    assert resolved_task(config_of("--checkpoint_path", plain)) == "multilabel"
     for path in (stored, plain):
         with pytest.raises(ConfigError, match=r"task multiclass: .* is a multilabel model"):
-            resolve_task(config_of("--checkpoint_path", path, "--task", "multiclass"))
+            resolved_task(config_of("--checkpoint_path", path, "--task", "multiclass"))
 
 
 def test_a_folder_read_back_is_multi_label(tmp_path):
     folder = tmp_path / "hub"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"")
-    for problem, task in (*PROBLEM_TYPES.items(), (None, None)):
+    for problem, task in (*((p, t.name) for p, t in PROBLEM_TYPES.items()), (None, None)):
         config = {"num_classes": 2} if problem is None else {"problem_type": problem}
         (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
         assert resolve_weights(str(folder)).task == task
@@ -195,7 +224,8 @@ def multilabel_model(tmp_path_factory):
     logits = load_network("resnet18", CLASSES, ckpt)(ms.Tensor(x)).asnumpy()
     ranked = np.sort(sigmoid(logits.astype(np.float64)), axis=0)[::-1]
     thresholds = ((ranked[1] + ranked[2]) / 2).astype(np.float32)
-    write_thresholds(str(root / "run"), NAMES, thresholds)
+    write_tuned_thresholds(ckpt, NAMES, thresholds,
+                           network_digest(load_network("resnet18", CLASSES, ckpt)))
     out = root / "exported"
     files = {"CKPT": ckpt}
     for name, extra in {"MINDIR": ["--file_format", "MINDIR"],
@@ -253,11 +283,10 @@ def test_every_format_predicts_sigmoid_labels_above_the_models_thresholds(multil
                    for entry in line["labels"] + line["top"]), name
 
     # the records: every exported file says multilabel, with the thresholds and names
-    for name, read in (("MINDIR", mindir_metadata), ("ONNX", onnx_metadata),
-                       ("INT8", onnx_metadata)):
-        record = read_metadata_record(read(files[name]), files[name])
-        assert (record.task, record.label_names) == ("multilabel", NAMES), name
-        assert record.thresholds.tolist() == thresholds.tolist(), name
+    for name in ("MINDIR", "ONNX", "INT8", "SAFETENSORS"):
+        record = read_model_record(files[name])
+        assert (record.task, record.class_names) == ("multilabel", tuple(NAMES)), name
+        assert list(record.thresholds) == thresholds.tolist(), name
     with open(os.path.join(files["SAFETENSORS"], "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     assert (config["problem_type"], config["label_names"], config["thresholds"]) == (
@@ -265,4 +294,4 @@ def test_every_format_predicts_sigmoid_labels_above_the_models_thresholds(multil
     assert resolve_weights(files["SAFETENSORS"]).task == "multilabel"
     for source in files.values():
         with pytest.raises(ConfigError, match="task multiclass: .* is a multilabel model"):
-            resolve_task(config_of("--checkpoint_path", source, "--task", "multiclass"))
+            resolved_task(config_of("--checkpoint_path", source, "--task", "multiclass"))

@@ -16,6 +16,7 @@ from src.training.early_stop import Patience
 from src.training.evaluator import ScoreCollector
 from src.utils.config import ConfigError, parse_config
 from src.utils.multilabel_metrics import sigmoid
+from src.utils.tasks import MULTILABEL
 from tests.helpers import ROOT
 
 MOSAICS = os.path.join(ROOT, "data", "cifar10_mosaics")
@@ -88,17 +89,17 @@ def test_class_balance_loss_is_pos_weight_of_the_training_rows():
 def test_the_best_checkpoint_and_early_stopping_follow_and_store_map(tmp_path):
     """A multilabel run's best score and patience state are stored under mAP (what they
     measure), read back as such; a stored top-1 (a multiclass run's) reads as before."""
-    best = BestCheckpoint(str(tmp_path / "best.ckpt"), write=False, key="mAP")
+    best = BestCheckpoint(str(tmp_path / "best.ckpt"), write=False, task=MULTILABEL)
     assert best.metric == "mAP"
-    assert not best.update({"mAP": -2.0}, 1, None) and best.update({"mAP": 0.4}, 2, None)
+    assert not best.update({"mAP": float("nan")}, 1, None) and best.update({"mAP": 0.4}, 2, None)
     assert best.score() == {"mAP": 0.4, "epoch": 2}
     assert best.record({"mAP": 0.4, "eval_images": 9}) == {"mAP": 0.4, "best_mAP": 0.4,
                                                            "eval_images": 9}
-    again = BestCheckpoint(str(tmp_path / "best.ckpt"), write=False, key="mAP")
+    again = BestCheckpoint(str(tmp_path / "best.ckpt"), write=False, task=MULTILABEL)
     again.restore({"mAP": 0.3, "epoch": 1}, {"mAP": 0.4, "epoch": 2})
     assert (again.top1, again.epoch) == (0.4, 2)
-    assert BestCheckpoint("x", on_ema=True, key="mAP").metric == "ema_mAP"
-    patience = Patience(2, key="mAP")
+    assert BestCheckpoint("x", on_ema=True, task=MULTILABEL).metric == "ema_mAP"
+    patience = Patience(2, task=MULTILABEL)
     patience.observe(0.4, 1)
     assert patience.state() == {"mAP": 0.4, "epoch": 1, "stopped": None}
     assert stored_score({"top1": 0.7, "epoch": 3}) == 0.7

@@ -322,9 +322,15 @@ def test_config_card_and_weights_say_what_they_should(tmp_path, r18_3):
     config = json.loads((folder / "config.json").read_text())
     crop_pct = config["pretrained_cfg"]["crop_pct"]
     assert math.floor(64 / crop_pct) == 73
+    record = config.pop("model_record")  # ours beside timm's keys: what the folder holds
+    assert (record["net_name"], record["class_num"], record["class_names"], record["task"],
+            record["preprocess"]) == ("resnet18", 3, ["cat", "dog", "fox"], "multiclass",
+                                      {"image_size": 64, "resize": 73,
+                                       "interpolation": "bicubic"})
     assert config == {
         "architecture": "resnet18", "num_classes": 3, "num_features": 512,
         "global_pool": "avg", "label_names": ["cat", "dog", "fox"],
+        "problem_type": "single_label_classification",
         "pretrained_cfg": {
             "tag": "", "custom_load": False, "input_size": [3, 64, 64],
             "fixed_input_size": False, "interpolation": "bicubic", "crop_pct": crop_pct,

@@ -13,13 +13,15 @@ import pytest
 from src.data.settings import EvalPreprocess
 from src.deploy import formats
 from src.deploy.exporting import mindir_metadata, onnx_metadata, record_mindir
-from src.deploy.inference import ModelFileError, load_mindir, preprocess_images
+from src.deploy.inference import load_mindir, preprocess_images
 from src.deploy.publish import model_card, save_hub_folder, timm_config, torchvision_state
+from src.deploy.records import read_model_record
 from src.models.resnet import create_network
 from src.models.tta import TTA_MODES, FlipTTA, inner_network, with_tta
-from src.recipe import resolve_tta
+from src.recipe import resolve_model
 from src.utils.config import ConfigError, load_schema, parse_config
 from src.utils.hub import WeightsConfigError
+from src.utils.model_record import RecordError
 from tests.helpers import CIFAR_SAMPLE, run_in_process, succeeded
 
 TRAIN = os.path.join(CIFAR_SAMPLE, "train")
@@ -130,24 +132,34 @@ def config_of(*args):
     return parse_config([*COMMON, *[str(a) for a in args]])
 
 
+def resolve_tta(cfg):
+    """The ``tta`` a run of ``cfg`` uses: its resolved model's (``resolve_model``)."""
+    return resolve_model(cfg).tta
+
+
+def recorded_tta(path):
+    """The ``tta`` the model file ``path`` records (None: it records none)."""
+    return read_model_record(path).tta
+
+
 def test_an_exported_graph_runs_with_its_recorded_tta(tmp_path):
-    flip = onnx_file(tmp_path / "flip.onnx", {formats.TTA_KEY: "flip"})
+    flip = onnx_file(tmp_path / "flip.onnx", {"tta": "flip"})
     old = onnx_file(tmp_path / "old.onnx", {})  # exported before tta was recorded
-    assert formats.recorded_tta(flip) == "flip" and formats.recorded_tta(old) == "none"
+    assert recorded_tta(flip) == "flip" and recorded_tta(old) == "none"
     assert resolve_tta(config_of("--checkpoint_path", flip)) == "flip"
     assert resolve_tta(config_of("--checkpoint_path", flip, "--tta", "flip")) == "flip"
     with pytest.raises(ConfigError, match=f"tta none: {flip} was exported with tta flip"):
         resolve_tta(config_of("--checkpoint_path", flip, "--tta", "none"))
     with pytest.raises(ConfigError, match="export the checkpoint again with --tta flip"):
         resolve_tta(config_of("--checkpoint_path", old, "--tta", "flip"))
-    bad = onnx_file(tmp_path / "bad.onnx", {formats.TTA_KEY: "rotate"})
-    with pytest.raises(ModelFileError, match="records tta 'rotate'"):
-        formats.recorded_tta(bad)
-    assert formats.recorded_tta(str(tmp_path / "r18.ckpt")) is None  # weights: tta applies
+    bad = onnx_file(tmp_path / "bad.onnx", {"tta": "rotate"})
+    with pytest.raises(RecordError, match="tta 'rotate' is not one of"):
+        resolve_tta(config_of("--checkpoint_path", bad))
+    assert recorded_tta(str(tmp_path / "r18.ckpt")) is None  # weights: tta applies
 
 
 def test_eval_refuses_a_tta_the_graph_does_not_hold(tmp_path):
-    flip = onnx_file(tmp_path / "flip.onnx", {formats.TTA_KEY: "flip"})
+    flip = onnx_file(tmp_path / "flip.onnx", {"tta": "flip"})
     result = run_in_process("eval.py", *COMMON, "--checkpoint_path", flip, "--tta", "none",
                             "--data_path", TEST, "--output_dir", tmp_path / "out")
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -159,10 +171,10 @@ def test_mindir_user_info_is_written_and_read_back(tmp_path):
     x = ms.Tensor(np.ones((1, 3), np.float32))
     ms.export(net, x, file_name=str(tmp_path / "dense"), file_format="MINDIR")
     path = str(tmp_path / "dense.mindir")
-    assert formats.recorded_tta(path) == "none"
-    record_mindir(path, {formats.TTA_KEY: "flip"})
-    assert mindir_metadata(path) == {formats.TTA_KEY: "flip"}
-    assert formats.recorded_tta(path) == "flip"
+    assert recorded_tta(path) == "none"
+    record_mindir(path, {"tta": "flip"})
+    assert mindir_metadata(path) == {"tta": "flip"}
+    assert recorded_tta(path) == "flip"
     np.testing.assert_array_equal(load_mindir(path)(x).asnumpy(), net(x).asnumpy())
 
 
@@ -233,7 +245,7 @@ def exported(checkpoint, tmp_path_factory):
 @pytest.mark.parametrize("name", ["MINDIR", "ONNX"])
 def test_the_exported_graph_gives_evals_tta_logits(exported, name, network, images):
     expected, _ = apart(network, images)
-    assert formats.recorded_tta(exported[name]) == "flip"
+    assert recorded_tta(exported[name]) == "flip"
     graph = formats.load_predictor(exported[name], "resnet18", 10, IMAGES)  # as exported
     np.testing.assert_allclose(graph(images), expected, rtol=0,
                                atol=float32_tolerance(expected))
@@ -244,7 +256,7 @@ def test_the_int8_graph_holds_the_flip_and_follows_the_float_tta(exported, netwo
     from tests.test_quantize import MIN_MEAN_COSINE
 
     model = onnx.load(exported["INT8"])
-    assert onnx_metadata(model)[formats.TTA_KEY] == "flip"
+    assert json.loads(onnx_metadata(model)["model_record"])["tta"] == "flip"
     assert sum(node.op_type == "Conv" for node in model.graph.node) == 2 * 20  # both branches
     expected, _ = apart(network, images)
     int8 = formats.load_predictor(exported["INT8"], "resnet18", 10, IMAGES)(images)

@@ -15,18 +15,13 @@ from mindspore import nn
 
 from src.deploy.exporting import (
     mindir_batch_dims,
-    mindir_metadata,
     onnx_batch_dims,
-    onnx_metadata,
-    record_mindir,
-    record_onnx,
     write_air,
     write_mindir,
     write_onnx,
 )
 from src.deploy.inference import (
     Forward,
-    ModelFileError,
     checkpoint_predictor,
     chunks,
     load_mindir,
@@ -35,20 +30,11 @@ from src.deploy.inference import (
     mindir_predictor,
     onnx_predictor,
 )
-from src.deploy.outputs import (
-    TASKS,
-    OutputRecord,
-    ThresholdsError,
-    checked_thresholds,
-    read_metadata_record,
-    read_thresholds,
-)
 from src.models.bn_fold import fold_batchnorm
 from src.models.tta import TTA_MODES, with_tta
-from src.utils.checkpoint import read_stored_config
 from src.utils.config import ConfigError
 from src.utils.errors import WriteError
-from src.utils.hub import is_pretrained_source, resolve_weights
+from src.utils.hub import is_pretrained_source
 
 LOGGER = logging.getLogger(__name__)
 
@@ -69,8 +55,7 @@ AIR_NOTE = ("note: AIR export is deprecated in MindSpore 2.10 (to be removed in 
 class ModelFormat:
     """One model file format: its ``suffix`` (``""``: a folder), ``write`` (None: not by
     ``export_model``), load-back ``check`` (None: a non-empty file is enough),
-    ``dynamic_batch`` support and ``batch_dims`` reader, ``record`` and ``metadata``: writing
-    and reading the file's key-value metadata (None: it has none), ``predictors`` by runtime
+    ``dynamic_batch`` support and ``batch_dims`` reader, ``predictors`` by runtime
     (a single one runs the file whatever ``runtime`` says), export ``devices`` (empty: any)
     and a ``note`` printed when chosen."""
 
@@ -79,8 +64,6 @@ class ModelFormat:
     check: Callable[[str], object] | None = None
     dynamic_batch: bool = False
     batch_dims: Callable[[str], tuple[int | None, int | None]] | None = None
-    record: Callable[[str, dict[str, str]], None] | None = None
-    metadata: Callable[[str], dict[str, str]] | None = None
     predictors: Mapping[str, Predictor] = field(default_factory=dict)
     devices: tuple[str, ...] = ()
     note: str | None = None
@@ -125,11 +108,11 @@ def checkpoint_onnx_predictor(checkpoint_path: str, *, net_name: str, class_num:
 
 FORMATS: dict[str, ModelFormat] = {
     "ONNX": ModelFormat(suffix=".onnx", write=write_onnx, check=check_onnx, dynamic_batch=True,
-                        batch_dims=onnx_batch_dims, record=record_onnx, metadata=onnx_metadata,
+                        batch_dims=onnx_batch_dims,
                         predictors={"onnxruntime": onnx_predictor}),
     "MINDIR": ModelFormat(suffix=".mindir", write=write_mindir, check=load_mindir,
-                          dynamic_batch=True, batch_dims=mindir_batch_dims, record=record_mindir,
-                          metadata=mindir_metadata, predictors={"mindspore": mindir_predictor}),
+                          dynamic_batch=True, batch_dims=mindir_batch_dims,
+                          predictors={"mindspore": mindir_predictor}),
     "AIR": ModelFormat(suffix=".air", write=write_air, devices=("Ascend",), note=AIR_NOTE),
     "SAFETENSORS": ModelFormat(suffix=""),  # a folder (export.py's publish), read as a .ckpt
 }
@@ -256,7 +239,7 @@ def load_predictor(checkpoint_path: str, net_name: str, class_num: int, batch_si
     """A model file of ``READERS`` as a ``Forward`` over images preprocessed as in eval: its
     format's predictor for ``runtime``. ``batch_size``: images per pass, at most (a
     fixed-batch export needs its own); the network keys and ``tta`` (``with_tta``) apply to
-    a ``.ckpt`` only (an exported graph runs as exported: ``recorded_tta``).
+    a ``.ckpt`` only (an exported graph runs as exported: its model record's ``tta``).
 
     Raises:
         ConfigError: For another suffix, or a ``runtime`` that does not fit (``check_runtime``).
@@ -270,86 +253,3 @@ def load_predictor(checkpoint_path: str, net_name: str, class_num: int, batch_si
     return load(checkpoint_path, net_name=net_name, class_num=class_num, batch_size=batch_size,
                 use_ema=use_ema, device_target=device_target,
                 stem_pool_pad_mode=stem_pool_pad_mode, tta=tta)
-
-
-TTA_KEY = "tta"
-"""The metadata key of an exported graph's test-time augmentation (``TTA_MODES``)."""
-
-
-def record_metadata(path: str, file_format: str, metadata: dict[str, str]) -> None:
-    """Write ``metadata`` into an exported file of ``file_format`` whose format has a
-    ``record`` (ONNX ``metadata_props``, MindIR ``user_info``); nothing for the others."""
-    fmt = FORMATS[file_format]
-    if fmt.record is not None:
-        fmt.record(path, metadata)
-
-
-def recorded_tta(path: str) -> str | None:
-    """The test-time augmentation an exported graph holds, from its metadata (``TTA_KEY``;
-    ``none`` when absent: exported before it was recorded); None for a file of a format
-    without metadata (a ``.ckpt``, Hub weights) or that cannot be read (its loader says why).
-
-    Raises:
-        ModelFileError: If the recorded value is not one of ``TTA_MODES``.
-    """
-    metadata = recorded_metadata(path)
-    if metadata is None:
-        return None
-    value = metadata.get(TTA_KEY, TTA_MODES[0])
-    if value not in TTA_MODES:
-        raise ModelFileError(f"{path} records {TTA_KEY} {value!r}, not one of "
-                             f"{', '.join(TTA_MODES)}: not written by export.py?")
-    return value
-
-
-def recorded_metadata(path: str) -> dict[str, str] | None:
-    """The key-value metadata of an exported graph (its format's ``metadata``); None for a
-    file of a format without metadata (a ``.ckpt``, Hub weights) or that cannot be read (its
-    loader says why)."""
-    from google.protobuf.message import DecodeError
-
-    fmt = READERS.get(model_suffix(path))
-    if fmt is None or fmt.metadata is None or not os.path.isfile(path):
-        return None
-    try:
-        return fmt.metadata(path)
-    except (OSError, DecodeError):
-        return None
-
-
-def recorded_outputs(path: str, class_num: int) -> OutputRecord | None:
-    """What the model ``path`` records of its outputs (``OutputRecord``): an exported graph's
-    metadata; Hub weights' ``config.json`` (``problem_type``, ``thresholds``,
-    ``label_names``); a ``.ckpt``: ``thresholds.json`` beside it (``multilabel``), else the
-    ``task`` of its stored run config. None when nothing is recorded (or ``path`` is empty).
-
-    Raises:
-        ThresholdsError, WeightsConfigError: For a malformed record, or thresholds that are
-            not ``class_num``.
-    """
-    if not path:
-        return None
-    if is_pretrained_source(path):
-        weights = resolve_weights(path)
-        thresholds = weights.thresholds
-        if thresholds is not None:
-            thresholds = checked_thresholds(thresholds, class_num,
-                                            f"{path} ({weights.config_file} thresholds)")
-        return OutputRecord(weights.task, thresholds, weights.label_names, path)
-    if model_suffix(path) != CHECKPOINT.suffix:
-        metadata = recorded_metadata(path)
-        if metadata is None:
-            return None
-        record = read_metadata_record(metadata, path)
-        if record.thresholds is not None and len(record.thresholds) != class_num:
-            raise ThresholdsError(f"{path} records {len(record.thresholds)} thresholds but "
-                                  f"class_num is {class_num}: pass --class_num "
-                                  f"{len(record.thresholds)}")
-        return record
-    thresholds = read_thresholds(path, class_num)
-    if thresholds is not None:
-        return OutputRecord("multilabel", thresholds, None, path)
-    if not os.path.isfile(path):
-        return None  # the loader names it
-    task = (read_stored_config(path) or {}).get("task")
-    return OutputRecord(task if task in TASKS else None, None, None, path)

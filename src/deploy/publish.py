@@ -23,7 +23,8 @@ from src.utils.architectures import ARCHITECTURES
 from src.utils.checkpoint import source_names
 from src.utils.errors import OutputDirError, WriteError
 from src.utils.files import current_umask, plain_file_mode
-from src.utils.hub import CONFIG_FILE, MULTI_LABEL, WEIGHTS_FILE
+from src.utils.hub import CONFIG_FILE, WEIGHTS_FILE
+from src.utils.tasks import DEFAULT_TASK, MULTILABEL, PROBLEM_TYPES, get_task
 
 LOGGER = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def timm_config(net_name: str, class_num: int, preprocess: EvalPreprocess,
     if tta != "none":
         config["tta"] = tta
     if thresholds is not None:
-        config["problem_type"] = MULTI_LABEL
+        config["problem_type"] = MULTILABEL.problem_type
         config["thresholds"] = [float(v) for v in thresholds]
     return config
 
@@ -118,8 +119,9 @@ def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | 
         lines.append("Not recorded in the checkpoint.")
     lines += ["", "## Evaluation", ""]
     if eval_result:
+        task = get_task(eval_result.get("task", DEFAULT_TASK))
         scores = (f"mAP {eval_result['mAP']:.4f}, macro F1 {eval_result['macro_f1']:.4f} at "
-                  f"its thresholds" if eval_result.get("task") == "multilabel" else
+                  f"its thresholds" if task.uses_thresholds else
                   f"top-1 {eval_result['top1']:.4f}, top-5 {eval_result['top5']:.4f}")
         lines.append(f"{scores} on {eval_result['images']} images of "
                      f"`{eval_result.get('data_path', '?')}` (eval.py, "
@@ -131,7 +133,7 @@ def model_card(repo_name: str, config: dict, source: str, *, run_config: dict | 
         lines += ["", f"Test-time augmentation: {config['tta']} (`tta` in config.json: the "
                       f"logits of the image and of its horizontal mirror averaged). This "
                       f"package's eval.py and predict.py apply it; timm and torchvision do not."]
-    if config.get("problem_type") == MULTI_LABEL:
+    if PROBLEM_TYPES.get(config.get("problem_type"), DEFAULT_TASK).uses_thresholds:
         lines += ["", f"Multi-label: one sigmoid per class (not a softmax); an image has every "
                       f"label whose probability reaches its threshold (`thresholds` in "
                       f"config.json, one per class in `label_names` order: "

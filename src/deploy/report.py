@@ -14,6 +14,7 @@ import numpy as np
 from src.deploy.outputs import probabilities
 from src.utils.errors import UserError
 from src.utils.files import atomic_write_bytes
+from src.utils.tasks import MULTICLASS
 
 FULL_PLOT_CLASSES = 50  # up to this many classes the picture names every row and column
 TOP_CONFUSIONS = 20  # listed beside the picture beyond FULL_PLOT_CLASSES
@@ -48,7 +49,7 @@ class ClassReport:
                 raise RuntimeError(f"images {self.seen}.. of the eval pipeline are not in the "
                                    f"order of the folder listing: cannot name them")
         predicted = logits.argmax(axis=1)
-        softmax = probabilities(logits, "multiclass")
+        softmax = probabilities(logits, MULTICLASS)
         probability = softmax[np.arange(len(labels)), predicted]
         np.add.at(self.confusion, (labels, predicted), 1)
         for i in np.flatnonzero(predicted != labels):

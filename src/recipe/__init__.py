@@ -4,7 +4,6 @@ style), one concern per module: ``checks``, ``network``, ``optimization``, ``dat
 ``model_record``. Imported by the entry points, benchmarks and tests only.
 """
 from src.recipe.checks import (
-    MULTILABEL_DEFAULTS,
     TRAIN_SECTIONS,
     check_split_and_balance,
     check_task,
@@ -26,10 +25,13 @@ from src.recipe.data import (
     training_pipeline,
 )
 from src.recipe.model_record import (
+    check_teacher_classes,
+    checkpoint_digest,
     fill_from_weights,
-    resolve_eval_preprocess,
-    resolve_task,
-    resolve_tta,
+    model_config,
+    model_preprocess,
+    resolve_model,
+    training_record,
 )
 from src.recipe.network import (
     FineTuning,
@@ -63,13 +65,14 @@ from src.recipe.splits import (
 
 __all__ = [
     # checks
-    "MULTILABEL_DEFAULTS", "TRAIN_SECTIONS", "check_split_and_balance", "check_task",
+    "TRAIN_SECTIONS", "check_split_and_balance", "check_task",
     "check_train_config", "resolve_sink_size", "score_key", "task_defaults",
     # data
     "TRAIN_AUGMENT_KEYS", "TrainData", "batch_mixer", "build_data", "epoch_dataset",
     "eval_preprocess", "run_dataset", "train_augment", "train_plan", "training_pipeline",
     # model_record
-    "fill_from_weights", "resolve_eval_preprocess", "resolve_task", "resolve_tta",
+    "check_teacher_classes", "checkpoint_digest", "fill_from_weights", "model_config",
+    "model_preprocess", "resolve_model", "training_record",
     # network
     "FineTuning", "build_network", "make_trainable", "network_kwargs", "training_network",
     # optimization

@@ -6,6 +6,7 @@ from src.models.resnet import last_feature_map_side
 from src.recipe.splits import held_out
 from src.training.profiler import parse_profile_steps
 from src.utils.config import Config, ConfigError
+from src.utils.tasks import get_task
 
 TRAIN_SECTIONS = ("network", "data", "training data", "optimization", "fine-tuning",
                   "knowledge distillation", "device",
@@ -64,34 +65,33 @@ def check_split_and_balance(cfg: Config) -> None:
                               f"balanced (5000 training images per class)")
 
 
-MULTILABEL_DEFAULTS = {"loss": "bce", "label_smoothing": 0.0}
-"""What ``task multilabel`` changes in the keys the user did not set."""
-
-
 def check_task(cfg: Config) -> None:
-    """The keys of ``task``: multiclass refuses the multi-label keys; multilabel takes
-    ``MULTILABEL_DEFAULTS`` for the keys not set (logged) and refuses what it cannot train.
+    """The keys of ``task``: a loss of another task is refused; multiclass refuses the
+    multi-label keys; multilabel takes its ``defaults`` for the keys not set (logged) and
+    refuses what it cannot train.
 
     Raises:
         ConfigError: Naming the key and value.
     """
-    if cfg.task != "multilabel":
+    task = get_task(cfg.task)
+    task_defaults(cfg)
+    if not task.label_file:
         for key in ("label_file", "eval_label_file"):
             if cfg[key]:
                 raise ConfigError(f"{key} {cfg[key]} is read with task multilabel only (task is "
                                   f"{cfg.task}): set --task multilabel, or leave {key} empty")
-        if cfg.loss == "asl":
-            raise ConfigError("loss asl (the asymmetric loss of multi-label training) needs "
-                              "task multilabel; multiclass takes ce or bce")
+    if cfg.loss not in task.losses:
+        raise ConfigError(f"loss {cfg.loss} is not a loss of task {task}: it takes "
+                          f"{' or '.join(task.losses)}"
+                          + (" (asl, the asymmetric loss, is for multi-label training)"
+                             if cfg.loss == "asl" else " (a softmax loss)"))
+    if not task.multi_hot:
         return
-    task_defaults(cfg)
     refusals = (
         (not cfg.label_file, "label_file is empty: give the CSV of data_path's images and their "
                              "labels (docs/multilabel.md)"),
         (cfg.dataset != "imagefolder", f"dataset {cfg.dataset} has one label per image: use "
                                        f"dataset imagefolder with label_file"),
-        (cfg.loss not in ("bce", "asl"), f"loss {cfg.loss} is a softmax loss: task multilabel "
-                                         f"takes bce or asl"),
         (cfg.label_smoothing != 0, f"label_smoothing {cfg.label_smoothing}: task multilabel "
                                    f"takes no label smoothing (set 0)"),
         (cfg.class_balance == "sampler", "class_balance sampler draws by class, which a "
@@ -108,15 +108,17 @@ def check_task(cfg: Config) -> None:
 
 
 def task_defaults(cfg: Config) -> None:
-    """``task multilabel``: ``MULTILABEL_DEFAULTS`` for the keys the user did not set (logged)."""
-    if cfg.task == "multilabel":
-        cfg.fill_unset(MULTILABEL_DEFAULTS, "task multilabel")
+    """The task's ``defaults`` for the keys the user did not set (logged; multilabel:
+    ``loss bce``, ``label_smoothing 0``)."""
+    task = get_task(cfg.task)
+    if task.defaults:
+        cfg.fill_unset(dict(task.defaults), f"task {task}")
 
 
 def score_key(cfg: Config) -> str:
-    """The score the best checkpoint and early stopping follow: top-1, or mAP for
-    ``task multilabel``."""
-    return "mAP" if cfg.task == "multilabel" else "top1"
+    """The score the best checkpoint and early stopping follow: the task's ``score_key``
+    (top-1, or mAP for ``task multilabel``)."""
+    return get_task(cfg.task).score_key
 
 
 def resolve_sink_size(cfg: Config, steps_per_epoch: int) -> int:

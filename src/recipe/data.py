@@ -16,6 +16,7 @@ from src.recipe.splits import data_split, held_out, label_tables
 from src.training.loop import TrainPlan
 from src.training.resume import epoch_seed
 from src.utils.config import INT32_MAX, Config, ConfigError
+from src.utils.tasks import get_task
 
 
 def eval_preprocess(cfg: Config) -> EvalPreprocess:
@@ -67,7 +68,7 @@ def build_data(cfg: Config, rank: int, device_num: int) -> TrainData:
                      batch_size=cfg.batch_size, num_parallel_workers=cfg.num_parallel_workers,
                      check_images=cfg.check_images)
     shards = dict(num_shards=device_num, shard_id=rank) if device_num > 1 else {}
-    labels = label_tables(cfg) if cfg.task == "multilabel" else None
+    labels = label_tables(cfg) if get_task(cfg.task).label_file else None
     if labels is not None:
         data_args = dict(data_args, labels=labels[0])
     train_indices, eval_args = None, data_args

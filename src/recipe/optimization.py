@@ -27,6 +27,7 @@ from src.training.optimizer import HYPERPARAMETERS
 from src.training.train_step import WeightEma
 from src.utils.architectures import ARCHITECTURES
 from src.utils.config import Config, ConfigError
+from src.utils.tasks import get_task
 
 
 def optimizer_kwargs(cfg: Config) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def loss_kwargs(cfg: Config) -> dict[str, Any]:
     kwargs = dict(loss=cfg.loss, bce_target_threshold=cfg.bce_target_threshold,
                   soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha),
                   class_weights=loss_class_weights(cfg))
-    if cfg.task == "multilabel":
+    if get_task(cfg.task).multi_hot:
         kwargs.update(task=cfg.task, asl_gamma_neg=cfg.asl_gamma_neg,
                       asl_gamma_pos=cfg.asl_gamma_pos, asl_clip=cfg.asl_clip)
     return kwargs
@@ -61,7 +62,7 @@ def loss_class_weights(cfg: Config) -> np.ndarray | None:
         return None
     if cfg.benchmark_steps:
         return np.ones(cfg.class_num, np.float32)
-    if cfg.task == "multilabel":
+    if get_task(cfg.task).multi_hot:
         return multilabel_pos_weight(cfg)
     labels = training_labels(cfg.data_path, held_out(cfg), cfg.seed)
     return balanced_class_weights(class_counts(labels, cfg.class_num))
@@ -135,9 +136,9 @@ def build_evaluator(cfg: Config, *, model: ms.train.Model, net: nn.Cell, ema: We
         ema_net = ms.amp.auto_mixed_precision(
             create_network(**network_kwargs(cfg)), amp_level)
         ema_model = eval_model(ema_net, amp_level, cfg.label_smoothing, cfg.class_num,
-                               loss_kwargs=loss_kwargs(cfg) if cfg.task == "multilabel"
+                               loss_kwargs=loss_kwargs(cfg) if get_task(cfg.task).multi_hot
                                else None)
-    if cfg.task == "multilabel":
+    if get_task(cfg.task).multi_hot:
         return MultiLabelEvaluator(model, shard, net, ema=ema, ema_model=ema_model)
     return Evaluator(model, shard, net, ema=ema, ema_model=ema_model, class_num=cfg.class_num,
                      confusion_of=confusion_of)

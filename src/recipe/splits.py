@@ -20,6 +20,7 @@ from src.data.split import (
 from src.training.loss import pos_weights
 from src.training.output_dir import record_training_images
 from src.utils.config import Config, ConfigError
+from src.utils.tasks import get_task
 
 # ---- the val_split lists and class counts of a run; eval.py's split_file ----
 
@@ -40,7 +41,7 @@ def run_split(cfg: Config, continues_here: bool, write: bool) -> tuple:
     return checked_split(cfg.data_path, val_split, cfg.seed, output_dir=cfg.output_dir,
                          compare=write and continues_here,
                          allow_change=cfg.resume_ignore_config,
-                         split=data_split(cfg) if val_split and cfg.task == "multilabel"
+                         split=data_split(cfg) if val_split and get_task(cfg.task).label_file
                          else None)
 
 
@@ -51,7 +52,7 @@ def record_run_images(cfg: Config, *, continues_here: bool, class_names: list[st
     already. Raises as ``run_split``, or ``WriteError``."""
     if cfg.dataset != "imagefolder":
         return
-    if cfg.task == "multilabel":
+    if get_task(cfg.task).label_file:
         record_label_file_images(cfg, write=write, log=log,
                                  checked=checked or run_split(cfg, continues_here, write))
         return
@@ -76,7 +77,7 @@ def split_indices(cfg: Config) -> list[int] | None:
     if cfg.dataset != "imagefolder":
         raise ConfigError(f"split_file {cfg.split_file} needs dataset imagefolder, got "
                           f"{cfg.dataset}")
-    if cfg.task == "multilabel":
+    if get_task(cfg.task).label_file:
         return read_split_file(cfg.split_file, cfg.data_path,
                                listed=eval_label_table(cfg).paths)
     return read_split_file(cfg.split_file, cfg.data_path)
@@ -135,7 +136,7 @@ def label_tables(cfg: Config) -> tuple[LabelTable, LabelTable | None]:
 def data_split(cfg: Config) -> FolderSplit:
     """The ``val_split`` of ``data_path``: stratified by class folder, or for ``task
     multilabel`` by iterative stratification of the label file's rows (``multilabel_split``)."""
-    if cfg.task != "multilabel":
+    if not get_task(cfg.task).label_file:
         return split_image_folder(cfg.data_path, cfg.val_split, cfg.seed)
     table = label_tables(cfg)[0]
     try:
@@ -183,10 +184,11 @@ def record_label_file_images(cfg: Config, *, write: bool, log: logging.Logger,
              ", ".join(f"{name} {int(n)}" for name, n in zip(table.class_names, positives)))
 
 
-def eval_label_table(cfg: Config) -> LabelTable:
+def eval_label_table(cfg: Config, class_names=None) -> LabelTable:
     """eval.py's ``task multilabel`` data: ``label_file`` over ``data_path`` in the model's class
-    order (``model_class_names``: ``class_names_path``, Hub weights' label names, the
-    ``class_names.txt`` beside the checkpoint), else the label file's (``label_classes``).
+    order (``class_names``: its record's; else ``model_class_names``: ``class_names_path``,
+    Hub weights' label names, the ``class_names.txt`` beside the checkpoint), else the label
+    file's (``label_classes``).
 
     Raises:
         ConfigError: Without ``label_file``; as ``label_classes``. LabelFileError: As
@@ -195,6 +197,7 @@ def eval_label_table(cfg: Config) -> LabelTable:
     if not cfg.label_file:
         raise ConfigError("task multilabel: label_file is empty: give the CSV of data_path's "
                           "images and their labels (docs/multilabel.md)")
-    names = (model_class_names(cfg.checkpoint_path, cfg.class_num, cfg.class_names_path)
+    names = (list(class_names or ()) or model_class_names(cfg.checkpoint_path, cfg.class_num,
+                                                          cfg.class_names_path)
              or label_classes(cfg))
     return label_table(cfg.label_file, cfg.data_path, names, cfg.check_images)

@@ -8,15 +8,16 @@ from typing import TYPE_CHECKING
 
 import mindspore.nn as nn
 
-from src.utils.checkpoint import BEST_KEY, atomic_save_checkpoint
+from src.utils.checkpoint import BEST_KEY, RECORD_KEY, atomic_save_checkpoint
+from src.utils.tasks import MULTICLASS, TASKS, Task
 from src.utils.tracking import TensorBoardLog
 
 if TYPE_CHECKING:
     from src.training.evaluator import Evaluator
 
 
-SCORE_KEYS = ("top1", "mAP")
-"""The names a stored best score goes by: top-1 (``task multiclass``) or mAP (``multilabel``)."""
+SCORE_KEYS = tuple(dict.fromkeys(task.score_key for task in TASKS.values()))
+"""The names a stored best score goes by: each task's ``score_key``."""
 
 
 def stored_score(stored: dict) -> float:
@@ -39,21 +40,26 @@ def best_checkpoint_path(output_dir: str, prefix: str) -> str:
 
 class BestCheckpoint:
     """The best evaluation so far (``{"top1", "epoch"}``: the chosen metric, a
-    fraction, and its 1-based epoch; a new best is strictly higher) and its checkpoint, holding
-    the weights it was chosen on and the score under ``BEST_KEY``. In data parallel every rank
+    fraction, and its 1-based epoch; a new best is strictly better by the task's
+    ``is_better``) and its checkpoint, holding the weights it was chosen on, the score under
+    ``BEST_KEY`` and the model record under ``RECORD_KEY``. In data parallel every rank
     decides alike and only ``write`` saves; a failed write is kept in ``error`` (the run stops).
 
     Args:
         path (str): Where the checkpoint is written (atomically).
         on_ema (bool): Choose by the EMA's score (``ema_top1``) instead of the live one's.
         write (bool): This process writes (rank 0).
-        key (str): The score: ``top1``, or ``mAP`` for multi-label (``SCORE_KEYS``).
+        task (Task): Whose ``score_key`` and ``is_better`` decide.
+        model_record (str): The run's model record (JSON text) stored with the weights.
     """
 
-    def __init__(self, path: str, on_ema: bool = False, write: bool = True, key: str = "top1"):
-        self.path, self.write, self.key = path, write, key
-        self.metric = f"ema_{key}" if on_ema else key
-        self.top1 = -1.0
+    def __init__(self, path: str, on_ema: bool = False, write: bool = True, *,
+                 task: Task = MULTICLASS, model_record: str = ""):
+        self.path, self.write, self.task = path, write, task
+        self.key = task.score_key
+        self.model_record = model_record
+        self.metric = f"ema_{self.key}" if on_ema else self.key
+        self.top1 = None  # the best score (None: no evaluation yet)
         self.epoch = None
         self.is_new = False  # whether the last evaluation set a new best
         self.last = None  # the last evaluation: (epoch, score)
@@ -69,8 +75,8 @@ class BestCheckpoint:
         checkpoint's score) and ``in_folder`` (the folder's ``NET-best.ckpt``'s, ``folder_best``;
         ``stored`` on a tie); either may be None."""
         best = stored
-        if in_folder is not None and (stored is None
-                                      or stored_score(in_folder) > stored_score(stored)):
+        if in_folder is not None and (stored is None or self.task.is_better(
+                stored_score(in_folder), stored_score(stored))):
             best = in_folder
         if best is not None:
             self.top1, self.epoch = stored_score(best), int(best["epoch"])
@@ -79,7 +85,7 @@ class BestCheckpoint:
         """Take the evaluation ``metrics`` after ``epoch`` (1-based): if
         ``metrics[self.metric]`` beats the best, record it and save ``network`` (the one that metric
         measured) unless an earlier write failed. Returns whether it is a new best (``is_new``)."""
-        self.is_new = metrics[self.metric] > self.top1
+        self.is_new = self.task.is_better(metrics[self.metric], self.top1)
         self.last = (epoch, metrics[self.metric])
         if self.is_new:
             self.top1, self.epoch = metrics[self.metric], epoch
@@ -91,7 +97,10 @@ class BestCheckpoint:
         """Write ``network`` with the score, atomically; a failure goes to
         ``error`` (the ranks must agree on it), not raised."""
         try:
-            atomic_save_checkpoint(network, self.path, {BEST_KEY: json.dumps(self.score())})
+            entries = {BEST_KEY: json.dumps(self.score())}
+            if self.model_record:
+                entries[RECORD_KEY] = self.model_record
+            atomic_save_checkpoint(network, self.path, entries)
         except (OSError, RuntimeError) as err:
             self.error = (f"cannot write the best checkpoint {self.path}: "
                           f"{str(err).splitlines()[0]}")

@@ -11,6 +11,7 @@ from src.training.best import BestCheckpoint, stored_score
 from src.training.callbacks import NOT_WRITTEN, StepState
 from src.utils.errors import WriteError
 from src.utils.files import append_line
+from src.utils.tasks import MULTICLASS, Task
 from src.utils.tracking import TensorBoardLog
 
 
@@ -26,12 +27,14 @@ class Patience:
         min_delta (float): >= 0.
         first_epoch (int): The last epoch not counted (0 = every epoch counts).
         last_epoch (int): The run's last epoch (it ends there anyway).
-        key (str): The score's name in ``state()`` (``src.training.best.SCORE_KEYS``).
+        task (Task): Whose ``score_key`` names the score in ``state()`` and whose
+            ``is_better`` says what an improvement is.
     """
 
     def __init__(self, patience: int, min_delta: float = 0.0, *, first_epoch: int = 0,
-                 last_epoch: int | None = None, key: str = "top1"):
-        self.patience, self.min_delta, self.key = patience, min_delta, key
+                 last_epoch: int | None = None, task: Task = MULTICLASS):
+        self.patience, self.min_delta, self.task = patience, min_delta, task
+        self.key = task.score_key
         self.first_epoch, self.last_epoch = first_epoch, last_epoch
         self.score = self.epoch = None  # the reference: score and its 1-based epoch
         self.stopped = None  # the epoch whose evaluation stopped the run
@@ -40,9 +43,10 @@ class Patience:
         """Take the evaluation of ``epoch`` (1-based); returns whether the run stops there."""
         if not self.patience or epoch <= self.first_epoch:
             return False
-        if self.score is None or score > self.score + self.min_delta:
+        if self.task.is_better(score, self.score, self.min_delta):
             self.score, self.epoch = score, epoch
-        elif epoch - self.epoch >= self.patience and epoch != self.last_epoch:
+        elif (self.epoch is not None and epoch - self.epoch >= self.patience
+              and epoch != self.last_epoch):
             self.stopped = epoch
         return self.stopped == epoch
 
@@ -109,7 +113,8 @@ class EarlyStop(Callback):
             return
         self.state.early_stop = epoch
         p, metric = self.patience, self.best.metric
-        line = (f"early stopping after epoch {epoch}: {metric} has not risen above "
+        moved = "risen above" if p.task.higher_is_better else "fallen below"
+        line = (f"early stopping after epoch {epoch}: {metric} has not {moved} "
                 f"{p.score:.6g} (epoch {p.epoch}) by more than {p.min_delta:g} for "
                 f"{epoch - p.epoch} epochs (early_stopping_patience {p.patience}); best epoch "
                 f"{self.best.epoch}, {metric} {self.best.top1:.6g}: {self.best.path}")

@@ -10,6 +10,8 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
 
+from src.utils.tasks import MULTICLASS, MULTILABEL
+
 
 def smoothed_one_hot_values(smooth_factor: float, class_num: int) -> tuple[ms.Tensor, ms.Tensor]:
     """(on, off) of the smoothed one-hot target, 1 - eps + eps / K and
@@ -318,14 +320,14 @@ LOSSES = {"ce": _make_ce, "bce": _make_bce}
 MULTILABEL_LOSSES = {"bce": _make_multilabel_bce, "asl": _make_asl}
 """Multi-label loss name -> factory ``(LossSettings) -> nn.LossBase``."""
 
-TASK_LOSSES = {"multiclass": LOSSES, "multilabel": MULTILABEL_LOSSES}
-"""Task -> its loss registry."""
+TASK_LOSSES = {MULTICLASS.name: LOSSES, MULTILABEL.name: MULTILABEL_LOSSES}
+"""Task name -> its loss registry (``src.utils.tasks.TASKS``)."""
 
 
 def create_loss(loss: str, label_smoothing: float, class_num: int, *,
                 bce_target_threshold: float | None = 0.0, soft_targets: bool = False,
                 class_weights: Sequence[float] | np.ndarray | None = None,
-                task: str = "multiclass", asl_gamma_neg: float = 4.0,
+                task: str = MULTICLASS.name, asl_gamma_neg: float = 4.0,
                 asl_gamma_pos: float = 1.0, asl_clip: float = 0.05,
                 reduction: str = "mean") -> nn.LossBase:
     """The training loss ``loss`` of ``task`` (``TASK_LOSSES``). Multi-class: ``ce`` is

@@ -12,6 +12,7 @@ from src.training.loss import CrossEntropySmooth, create_loss
 from src.training.optimizer import create_optimizer
 from src.training.precision import loss_scale_setup
 from src.training.train_step import TrainStep, WeightEma
+from src.utils.tasks import DEFAULT_TASK, Task, get_task
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: loss_kwargs may hold an array
@@ -109,7 +110,7 @@ def eval_network(net: nn.Cell, amp_level: str, label_smoothing: float,
     (N,)); unreduced so an evaluator can leave out a shard's padding. For ``Model(...,
     eval_indexes=[0, 1, 2])``. With ``loss_kwargs`` of task multilabel: the training loss per
     image (``create_loss``), targets (N, K)."""
-    if (loss_kwargs or {}).get("task") == "multilabel":
+    if loss_task(loss_kwargs).multi_hot:
         eval_loss = create_loss(label_smoothing=label_smoothing, class_num=class_num,
                                 **dict(loss_kwargs, reduction="none"))
     else:
@@ -125,5 +126,10 @@ def eval_model(net: nn.Cell, amp_level: str, label_smoothing: float, class_num: 
     return Model(net if train_network is None else train_network,
                  eval_network=eval_network(net, amp_level, label_smoothing, class_num,
                                            loss_kwargs=loss_kwargs),
-                 metrics=({"loss": nn.Loss()} if (loss_kwargs or {}).get("task") == "multilabel"
+                 metrics=({"loss": nn.Loss()} if loss_task(loss_kwargs).multi_hot
                           else classification_metrics(class_num)), eval_indexes=[0, 1, 2])
+
+
+def loss_task(loss_kwargs: dict | None) -> Task:
+    """The ``Task`` of ``create_loss`` keywords (``task``; the default task when absent)."""
+    return get_task((loss_kwargs or {}).get("task", DEFAULT_TASK))

@@ -15,6 +15,7 @@ from src.utils.checkpoint import (
     CONFIG_KEY,
     DATA_KEY,
     EPOCH_LOSS_KEY,
+    RECORD_KEY,
     STEP_KEY,
     atomic_save_checkpoint,
     checkpoint_name,
@@ -28,17 +29,17 @@ class CheckpointSaver(Callback):
     """Save resumable checkpoints ``PREFIX-E_S.ckpt`` into ``output_dir``
     atomically every ``save_epochs`` epochs, every ``save_steps`` steps (0 = none), at the end
     (``total_steps``) and on a stop signal of ``stop``; keep this run's newest ``keep_max``
-    (``own_files``: a resumed run's earlier ones, oldest first). Each stores ``run_config`` and
-    ``train_data`` (JSON; "" = not stored) and ``best()``'s score. Only ``write`` (rank 0)
-    writes. A checkpoint not written or non-finite parameters stop training (``error``,
-    ``diverged``, ``last_saved``). See docs/reliability.md#checkpoint-saves."""
+    (``own_files``: a resumed run's earlier ones, oldest first). Each stores ``run_config``,
+    ``train_data`` and ``model_record`` (JSON; "" = not stored) and ``best()``'s score. Only
+    ``write`` (rank 0) writes. A checkpoint not written or non-finite parameters stop training
+    (``error``, ``diverged``, ``last_saved``). See docs/reliability.md#checkpoint-saves."""
 
     def __init__(self, state: StepState, stop: StopSignals, *, output_dir: str, prefix: str,
                  steps_per_epoch: int, total_steps: int, run_config: str = "{}",
                  save_epochs: int = 1, save_steps: int = 0, keep_max: int = 10,
                  own_files: Sequence[str] = (), write: bool = True,
                  best: Callable[[], dict | None] | None = None, train_data: str = "",
-                 epoch_loss: Callable[[], dict] | None = None):
+                 epoch_loss: Callable[[], dict] | None = None, model_record: str = ""):
         super().__init__()
         self.state, self.stop = state, stop
         self.output_dir, self.prefix = output_dir, prefix
@@ -49,6 +50,7 @@ class CheckpointSaver(Callback):
         self.write = write
         self.best = best
         self.train_data = train_data
+        self.model_record = model_record  # what the weights are (src.utils.model_record)
         self.epoch_loss = epoch_loss  # the epoch's losses so far (TrainMonitor.epoch_loss)
         self.step_save_due = False  # a save_steps multiple reached at an epoch's last step
         self.error = None
@@ -109,7 +111,8 @@ class CheckpointSaver(Callback):
                                     BEST_KEY: json.dumps(best) if best else "",
                                     DATA_KEY: self.train_data,
                                     EPOCH_LOSS_KEY: json.dumps(self.epoch_loss())
-                                    if self.epoch_loss else ""})
+                                    if self.epoch_loss else "",
+                                    RECORD_KEY: self.model_record})
         except (OSError, RuntimeError) as err:
             self._fail(run_context, NOT_WRITTEN,
                        f"cannot write checkpoint {path}: {str(err).splitlines()[0]}")

@@ -26,6 +26,7 @@ from src.utils.hub import (
     resolve_weights,
     safetensors_shapes,
 )
+from src.utils.model_record import RECORD_KEY
 
 CLASSIFIER_PREFIX = "fc."
 STEP_KEY = "train_step"
@@ -34,7 +35,7 @@ BEST_KEY = "best_score"  # the run's best evaluation so far, JSON {"top1": float
 DATA_KEY = "train_data"  # the data trained on, JSON {"images": int, "steps_per_epoch": int}
 # the losses of the epoch so far (its record's mean), JSON {"sum": float, "count": int}
 EPOCH_LOSS_KEY = "epoch_loss"
-METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY, EPOCH_LOSS_KEY)
+METADATA_KEYS = (STEP_KEY, CONFIG_KEY, BEST_KEY, DATA_KEY, EPOCH_LOSS_KEY, RECORD_KEY)
 EMA_PREFIX, EMA_COUNTER = "ema.", "ema_updates"  # as src.training.train_step names them
 OVERFLOW_COUNTER = "overflow_count"  # overflowed steps, counted by TrainStep on the device
 # A network's count of training calls, which its stochastic depth draws hash
@@ -235,18 +236,34 @@ def read_stored_config(path: str) -> dict[str, Any] | None:
     Raises:
         MissingFileError, CheckpointError: As ``read_checkpoint``.
     """
+    return stored_config(_read_entries(path, CONFIG_KEY))
+
+
+def stored_record_text(path: str) -> str | None:
+    """The model record (JSON text, ``src.utils.model_record``) stored in a ``.ckpt`` file,
+    read without its tensors; None for files written before it.
+
+    Raises:
+        MissingFileError, CheckpointError: As ``read_checkpoint``.
+    """
+    text = _read_entries(path, RECORD_KEY).get(RECORD_KEY)
+    return text if isinstance(text, str) else None
+
+
+def _read_entries(path, key):
+    """The entry ``key`` of a ``.ckpt`` (and its first entry: MindSpore refuses a filter that
+    keeps nothing)."""
     if not os.path.isfile(path):
         raise MissingFileError(f"checkpoint not found: {path}")
     seen = []
 
-    def wanted(name):  # and the first entry: MindSpore refuses a filter that keeps nothing
+    def wanted(name):
         seen.append(name)
-        return name == CONFIG_KEY or len(seen) == 1
+        return name == key or len(seen) == 1
     try:
-        params = ms.load_checkpoint(path, choice_func=wanted)
+        return ms.load_checkpoint(path, choice_func=wanted)
     except (ValueError, RuntimeError, OSError) as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
-    return stored_config(params)
 
 
 def stored_best(params: dict[str, Any]) -> dict[str, Any] | None:

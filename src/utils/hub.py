@@ -19,6 +19,7 @@ from src.utils.architectures import ARCHITECTURES
 from src.utils.config import UPPER_BOUNDS
 from src.utils.errors import MissingFileError, UserError
 from src.utils.image_constants import IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS
+from src.utils.tasks import PROBLEM_TYPES
 
 HUB_PREFIX = "hf-hub:"
 WEIGHTS_FILE = "model.safetensors"
@@ -31,9 +32,6 @@ KNOWN_IDS = ("timm/resnet18.tv_in1k", "timm/resnet34.tv_in1k", "timm/resnet50.tv
              "timm/resnet50.tv2_in1k", "timm/resnet101.tv2_in1k", "timm/resnet152.tv2_in1k",
              "timm/resnet50.a1_in1k")
 """Hub ids of ImageNet weights that fit (docs/finetune.md lists their top-1 and eval settings)."""
-MULTI_LABEL = "multi_label_classification"
-PROBLEM_TYPES = {"single_label_classification": "multiclass", MULTI_LABEL: "multilabel"}
-"""``config.json``'s ``problem_type`` (Hugging Face's names) -> ``task``."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -119,7 +117,7 @@ class PretrainedWeights:
             return None
         if problem not in PROBLEM_TYPES:
             raise self.field_error("problem_type", problem, f"one of {', '.join(PROBLEM_TYPES)}")
-        return PROBLEM_TYPES[problem]
+        return PROBLEM_TYPES[problem].name
 
     @property
     def thresholds(self) -> list | None:
