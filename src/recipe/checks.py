@@ -1,9 +1,11 @@
 """The checks of a training config: values that cannot work are refused naming the key
-(``check_train_config``), ``task``'s defaults and score key, the dataset sink size
-(``resolve_sink_size``); and the sections of train.py's ``--help``.
+(``check_train_config``), the optimizer's keys (``check_optimizer_keys``), ``task``'s defaults
+and score key, the dataset sink size (``resolve_sink_size``); and the sections of train.py's
+``--help``.
 """
 from src.models.resnet import last_feature_map_side
 from src.recipe.splits import held_out
+from src.training.optimizer import HYPERPARAMETERS, OPTIMIZERS
 from src.training.profiler import parse_profile_steps
 from src.utils.config import Config, ConfigError
 
@@ -18,9 +20,9 @@ def check_train_config(cfg: Config) -> None:
 
     Raises:
         ConfigError: Empty ``data_path``, ``run_eval`` without eval data, early stopping
-            without ``run_eval``, a bad split, balance
-            or ``profile_steps``, a linear probe as long as the run, or a last-stage BatchNorm
-            seeing one value per channel.
+            without ``run_eval``, a hyperparameter the optimizer does not take, a bad split,
+            balance or ``profile_steps``, a linear probe as long as the run, or a last-stage
+            BatchNorm seeing one value per channel.
     """
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the training data folder")
@@ -31,6 +33,7 @@ def check_train_config(cfg: Config) -> None:
         raise ConfigError(f"early_stopping_patience {cfg.early_stopping_patience} needs an "
                           f"evaluation during training: set run_eval true (with "
                           f"eval_data_path or val_split), or early_stopping_patience 0")
+    check_optimizer_keys(cfg)
     check_split_and_balance(cfg)
     check_task(cfg)
     parse_profile_steps(cfg.profile_steps)
@@ -46,6 +49,22 @@ def check_train_config(cfg: Config) -> None:
                           f", so its BatchNorm layers would see one value per channel (variance "
                           f"undefined, the running statistics become NaN); use batch_size 2 or "
                           f"more, a train_image_size above 32, or freeze_bn true")
+
+
+def check_optimizer_keys(cfg: Config) -> None:
+    """The optimizer hyperparameters set (not null, as config.yaml leaves them) are ones the
+    chosen ``optimizer`` takes (``OPTIMIZERS``).
+
+    Raises:
+        ConfigError: Naming the key, the optimizer, the keys it takes and those taking the key.
+    """
+    takes = OPTIMIZERS[cfg.optimizer].hyperparameters
+    for key in HYPERPARAMETERS:
+        if key not in takes and cfg[key] is not None:
+            others = [name for name, info in OPTIMIZERS.items() if key in info.hyperparameters]
+            raise ConfigError(f"{key} {cfg[key]} is set but optimizer {cfg.optimizer} does not "
+                              f"take it (it takes {', '.join(takes)}): leave {key} unset "
+                              f"(null), or use optimizer {' or '.join(others)}")
 
 
 def check_split_and_balance(cfg: Config) -> None:
