@@ -6,10 +6,13 @@ style), one concern per module: ``checks``, ``network``, ``optimization``, ``dat
 from src.recipe.checks import (
     MULTILABEL_DEFAULTS,
     TRAIN_SECTIONS,
+    UNUSED_KEYS,
+    UnusedKey,
     check_optimizer_keys,
     check_split_and_balance,
     check_task,
     check_train_config,
+    check_unused_keys,
     resolve_sink_size,
     score_key,
     task_defaults,
@@ -64,8 +67,8 @@ from src.recipe.splits import (
 
 __all__ = [
     # checks
-    "MULTILABEL_DEFAULTS", "TRAIN_SECTIONS", "check_optimizer_keys", "check_split_and_balance",
-    "check_task",
+    "MULTILABEL_DEFAULTS", "TRAIN_SECTIONS", "UNUSED_KEYS", "UnusedKey", "check_optimizer_keys",
+    "check_split_and_balance", "check_task", "check_unused_keys",
     "check_train_config", "resolve_sink_size", "score_key", "task_defaults",
     # data
     "TRAIN_AUGMENT_KEYS", "TrainData", "batch_mixer", "build_data", "epoch_dataset",

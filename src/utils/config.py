@@ -2,6 +2,7 @@
 file (``--config_path``) < ``--key value`` flags. See docs/configuration.md#setting-values.
 """
 import argparse
+import copy
 import logging
 import math
 import os
@@ -95,9 +96,11 @@ class ConfigError(UserError, ValueError):
 
 class Config(dict):
     """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``);
-    ``user_keys`` are those set in the recipe file or on the command line."""
+    ``user_keys`` are those set in the recipe file or on the command line, ``defaults``
+    config.yaml's values."""
 
     user_keys: frozenset[str] = frozenset()
+    defaults: dict[str, ConfigValue] = {}
 
     def __getattr__(self, key):
         try:
@@ -113,6 +116,10 @@ class Config(dict):
     def user_value(self, key: str) -> ConfigValue | None:
         """The value of ``key`` if the user set it (``user_keys``), else None."""
         return self[key] if key in self.user_keys else None
+
+    def set_otherwise(self, key: str) -> bool:
+        """Whether the user set ``key`` (``user_keys``) to another value than its default."""
+        return key in self.user_keys and self[key] != self.defaults.get(key)
 
     def fill_unset(self, values: dict[str, ConfigValue], origin: str | None = None
                    ) -> tuple[dict[str, ConfigValue], dict[str, ConfigValue]]:
@@ -509,4 +516,5 @@ def parse_config(argv: list[str] | None = None, description: str = "ResNet on Mi
     check_values(cfg)
     cfg["config_path"] = config_path
     cfg.user_keys = frozenset(recipe) | frozenset(flags)
+    cfg.defaults = copy.deepcopy(defaults)
     return cfg
