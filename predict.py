@@ -41,7 +41,7 @@ from src.data.multilabel import read_label_file
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network
 from src.deploy.outputs import labels_above, model_thresholds
-from src.recipe import model_config, model_preprocess, resolve_model
+from src.recipe import check_unused_keys, model_config, model_preprocess, resolve_model
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
@@ -167,6 +167,7 @@ def main(argv=None):
         raise ConfigError("image_path is empty: give --image_path, an image or a folder")
     if not given.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .ckpt, .mindir or .onnx file")
+    check_unused_keys(given, "predict")  # cam_class without cam_dir
     formats.check_runtime(given.checkpoint_path, given.runtime, given.device_target)
     model = resolve_model(given)  # the model file's record; the config for what it lacks
     cfg = model_config(given, model)

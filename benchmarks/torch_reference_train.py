@@ -12,8 +12,9 @@ recipe in PyTorch terms:
 - LR: one value per step, computed here from the recipe's keys (``lr_per_step``: linear scaling
   with the batch, linear warmup, then cosine / linear / step decay, NVIDIA's formulas), not
   imported from ``src.training.lr_schedule``, so a mistake there shows as a difference;
-- optimizer: ``torch.optim.SGD`` (momentum, no dampening) with weight decay on convolution and
-  linear weights only, BatchNorm and biases none (NVIDIA's rule, ``src/training/optimizer.py``);
+- optimizer: ``torch.optim.SGD`` (the recipe's momentum, or the momentum optimizer's declared
+  default; no dampening) with weight decay on convolution and linear weights only, BatchNorm
+  and biases none (NVIDIA's rule, ``src/training/optimizer.py``);
 - loss: ``torch.nn.CrossEntropyLoss(label_smoothing=eps)`` (``src/training/loss.py``'s convention);
 - BatchNorm: torch's momentum 0.1, eps 1e-5 (ours: MindSpore momentum 0.9, the same update);
 - augmentation: torchvision's ``RandomResizedCrop`` (area ``train_crop_scale``, aspect 3/4-4/3,
@@ -45,6 +46,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from src.data.image_check import check_image_folder, is_image_name  # noqa: E402
+from src.training.optimizer import optimizer_hyperparameters  # noqa: E402
 from src.utils.cli import run_entry_point  # noqa: E402
 from src.utils.config import ConfigError, parse_config  # noqa: E402
 from src.utils.errors import MissingFileError  # noqa: E402
@@ -356,8 +358,9 @@ def main(argv=None):
     lr, peak_lr = lr_per_step(cfg, cfg.batch_size, steps_per_epoch)
     log.info("batch %d: peak LR %.6g; %d steps per epoch, %d in all; device %s, %d threads",
              cfg.batch_size, peak_lr, steps_per_epoch, len(lr), device, torch.get_num_threads())
+    momentum = optimizer_hyperparameters("momentum", momentum=cfg.momentum)["momentum"]
     optimizer = torch.optim.SGD(weight_decay_groups(net, cfg.weight_decay), lr=float(lr[0]),
-                                momentum=cfg.momentum)
+                                momentum=momentum)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     # ---- train ----

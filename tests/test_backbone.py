@@ -99,6 +99,13 @@ def test_out_indices_outside_0_to_4_are_refused(out_indices):
         create_network("resnet18", features_only=True, out_indices=out_indices)
 
 
+def test_out_indices_without_features_only_are_refused():
+    """A classifier outputs its logits: out_indices other than every map would be ignored."""
+    with pytest.raises(ValueError, match=r"out_indices \(1, 2\) is only read with features_only"):
+        create_network("resnet18", out_indices=(1, 2))
+    create_network("resnet18", out_indices=(4, 3, 2, 1, 0))  # every map: nothing ignored
+
+
 def test_backbone_maps_are_the_classifiers(tmp_path):
     """The backbone loaded with a classifier's checkpoint: its last map, pooled and put through
     the classifier's fc, gives the classifier's logits; its parameters are the classifier's but

@@ -18,7 +18,8 @@ def test_defaults_are_the_nvidia_recipe():
     cfg = parse_config([])
     assert cfg.net_name == "resnet50" and cfg.class_num == 1000
     assert cfg.batch_size == 256 and cfg.epoch_size == 90
-    assert cfg.momentum == 0.875 and cfg.base_lr == 0.256 and cfg.base_lr_batch_size == 256
+    assert cfg.optimizer == "momentum" and cfg.momentum is None  # its declared 0.875
+    assert cfg.base_lr == 0.256 and cfg.base_lr_batch_size == 256
     assert cfg.weight_decay == 1 / 32768
     assert cfg.warmup_epochs == 8 and cfg.lr_schedule == "cosine" and cfg.lr_end == 0.0
     assert cfg.label_smoothing == 0.1
@@ -32,7 +33,7 @@ def test_override_order_file_then_command_line(tmp_path):
     cfg = parse_config(["--config_path", recipe, "--batch_size", "16"])
     assert cfg.batch_size == 16  # command line beats the recipe file
     assert cfg.epoch_size == 3  # recipe file beats config.yaml
-    assert cfg.momentum == 0.875  # untouched keys keep config.yaml's value
+    assert cfg.base_lr == 0.256  # untouched keys keep config.yaml's value
 
 
 def test_types_are_parsed_from_the_command_line():

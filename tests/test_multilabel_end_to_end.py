@@ -106,7 +106,9 @@ def test_eval_reports_the_runs_map_and_tuned_thresholds_reach_predict(ml_run, tm
     for name in ("per_class.csv", "per_class.md", "pr_curves.png", "report.html"):
         assert (tmp_path / name).is_file(), result.stdout
     with open(os.path.join(ml_run["out"], "thresholds.json"), encoding="utf-8") as f:
-        tuned = np.array(json.load(f)["thresholds"], np.float32)
+        (entry,) = json.load(f)["tuned"]  # one entry: the weights of the best checkpoint
+    assert entry["checkpoint"] == "resnet18-best.ckpt"
+    tuned = np.array(entry["thresholds"], np.float32)
     assert [c["threshold"] for c in evaluated["per_class"]] == pytest.approx(tuned.tolist())
     image = os.path.join(MOSAICS, "val", "0001.jpg")
     predicted = succeeded(run_in_process("predict.py", *RECIPE, "--checkpoint_path",
@@ -116,6 +118,39 @@ def test_eval_reports_the_runs_map_and_tuned_thresholds_reach_predict(ml_run, tm
     assert len(probabilities) == 10
     expected = [k for k in range(10) if np.float32(probabilities[k]) >= tuned[k]]
     assert sorted(c["class"] for c in line["labels"]) == expected
+
+
+def test_the_best_checkpoint_alone_predicts_evaluates_and_exports_as_multilabel(ml_run,
+                                                                                tmp_path):
+    """No --config_path, --task or --class_num: the best checkpoint's record gives its
+    network, classes and their names, task and eval preprocessing to predict.py, eval.py and
+    export.py (whose ONNX file then evaluates the same, again with nothing else given)."""
+    best = ml_run["ckpt"]
+    image = os.path.join(MOSAICS, "val", "0001.jpg")
+    line = json.loads(succeeded(run_in_process(
+        "predict.py", "--checkpoint_path", best, "--image_path", image, "--top_k", "10")
+    ).stdout.strip().splitlines()[-1])
+    assert "labels" in line and [c["name"] for c in line["top"]] != []
+    assert {c["name"] for c in line["top"]} == set(ml_run["classes"])
+    assert sum(c["probability"] for c in line["top"]) > 1.5  # sigmoids, not a softmax
+    evaluated = {}
+    for name, source in (("ckpt", best), ("onnx", str(tmp_path / "best.onnx"))):
+        if name == "onnx":
+            succeeded(run_in_process("export.py", "--checkpoint_path", best, "--file_format",
+                                     "ONNX", "--batch_size", "1", "--dynamic_batch", "true",
+                                     "--file_name", tmp_path / "best"))
+        succeeded(run_in_process("eval.py", "--checkpoint_path", source, "--data_path",
+                                 MOSAICS, "--label_file", os.path.join(MOSAICS, "val.csv"),
+                                 "--output_dir", tmp_path / name))
+        with open(tmp_path / name / "eval_result.json", encoding="utf-8") as f:
+            evaluated[name] = json.load(f)
+    assert evaluated["ckpt"]["task"] == evaluated["onnx"]["task"] == "multilabel"
+    assert evaluated["ckpt"]["mAP"] == pytest.approx(ml_run["records"][-1]["best_mAP"],
+                                                     abs=1e-6)
+    assert evaluated["onnx"]["mAP"] == pytest.approx(evaluated["ckpt"]["mAP"], abs=1e-4)
+    assert evaluated["ckpt"]["loss_name"] == "bce (label_smoothing 0.0)"
+    assert evaluated["ckpt"]["loss"] == pytest.approx(ml_run["records"][-1]["eval_loss"],
+                                                      rel=1e-4)
 
 
 # Every fine-tuning key at once on 32 mosaics (24 train after val_split, 32 px, 2 accumulated
@@ -148,6 +183,16 @@ def test_fine_tuning_keys_train_multilabel_and_resume_bit_exact(tmp_path):
     assert train_in_process(*args, "--output_dir", str(full)) == 0
     records = [json.loads(line) for line in open(full / "metrics.jsonl", encoding="utf-8")]
     assert [r["epoch"] for r in records if "ema_mAP" in r] == [1, 2, 3]
+    # its best checkpoint (chosen on the EMA, with early stopping's state) says what it holds
+    from src.deploy.records import read_model_record
+    record = read_model_record(str(full / "resnet18-best.ckpt"))
+    assert (record.task, record.class_num, record.preprocess["image_size"]) == (
+        "multilabel", 10, 32)
+    assert record.loss["loss"] == "bce" and len(record.loss["pos_weight"]) == 10
+    line = json.loads(succeeded(run_in_process(
+        "predict.py", "--checkpoint_path", full / "resnet18-best.ckpt", "--image_path",
+        os.path.join(MOSAICS, "val", "0001.jpg"))).stdout.strip().splitlines()[-1])
+    assert "labels" in line
     shutil.copytree(full, resumed)
     for name in ("resnet18-2_3.ckpt", "resnet18-3_2.ckpt", "resnet18-3_3.ckpt"):
         os.remove(resumed / name)

@@ -574,6 +574,14 @@ def test_momentum_bit_identical_to_todays_construction(loss_scale):
 
 # ---- errors ----
 
+def test_unknown_hyperparameter_keyword_raises_type_error():
+    """A keyword no optimizer takes is refused, not ignored, whichever optimizer is chosen."""
+    for name in sorted(OPTIMIZERS):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'some_unknown'"):
+            create_optimizer(LinearLossNet(initial_values()), 0.1, optimizer=name,
+                             some_unknown=1)
+
+
 def test_unknown_name_raises_key_error_listing_names():
     net = LinearLossNet(initial_values())
     with pytest.raises(KeyError, match="valid names: adamw, lamb, lars, momentum"):

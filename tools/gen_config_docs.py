@@ -28,6 +28,7 @@ from src.utils.config import (  # noqa: E402
     ConfigValue,
     load_schema,
     read_sections,
+    typed_default,
 )
 from src.utils.files import plain_file_mode  # noqa: E402
 from src.utils.limits import (  # noqa: E402
@@ -84,8 +85,10 @@ documents, the help texts and choices, are not read), and so is a run's written
 ## Adding a key
 
 A new key goes into `config.yaml` only: its default in the first YAML document, under the
-`# ---- section ----` comment of its section (the default's type is the key's type), its meaning
-in the second document, its allowed values in the third if it has a closed set. Range checks go in
+`# ---- section ----` comment of its section (the default's type is the key's type; a null
+default, a value left to the code, takes its type from `NULL_DEFAULT_TYPES` in
+[`src/utils/config.py`](../src/utils/config.py)), its meaning in the second document, its
+allowed values in the third if it has a closed set. Range checks go in
 `check_values`, their limits in [`src/utils/limits.py`](../src/utils/limits.py). Then regenerate
 this page with `python tools/gen_config_docs.py`; a test fails while the page is out of date
 (`python tools/gen_config_docs.py --check` tells the same)."""
@@ -94,7 +97,10 @@ KEYS_INTRO = """\
 ## Keys
 
 The "accepts" column gives the key's type (the type of its default) and, where the config loader
-checks them, its allowed values or range."""
+checks them, its allowed values or range. A key whose default is `null` is unset: the code
+chooses its value (the optimizer hyperparameters: the chosen optimizer's own default, declared
+in `OPTIMIZERS` of [`src/training/optimizer.py`](../src/training/optimizer.py)); `null` in a
+file or `--key null` unsets it again."""
 
 
 def format_default(value: ConfigValue) -> str:
@@ -106,6 +112,8 @@ def format_default(value: ConfigValue) -> str:
     Returns:
         str: The value's text, without Markdown quoting.
     """
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
@@ -124,8 +132,11 @@ def accepted_values(key: str, default: ConfigValue, choices: dict[str, list]) ->
         choices: Key -> allowed values (config.yaml's third document).
 
     Returns:
-        str: E.g. ``integer > 0``, ``number in [0, 1)``, ``one of `GRAPH`, `PYNATIVE```.
+        str: E.g. ``integer > 0``, ``number in [0, 1)``, ``one of `GRAPH`, `PYNATIVE```;
+        ``..., or null`` for a key whose default is null.
     """
+    if default is None:
+        return accepted_values(key, typed_default(key, default), choices) + ", or null"
     if key in choices:
         return "one of " + ", ".join(f"`{value}`" for value in choices[key])
     if isinstance(default, list):

@@ -149,8 +149,9 @@ class ResNet(nn.Cell):
 
     Raises:
         ValueError: If ``class_num`` < 1, ``layers`` has not 4 entries, ``stem_pool_pad_mode``
-            is not in ``STEM_POOL_PAD_MODES``, ``drop_path_rate`` not in [0, 1) or
-            ``out_indices`` not a non-empty subset of ``FEATURE_INDICES``.
+            is not in ``STEM_POOL_PAD_MODES``, ``drop_path_rate`` not in [0, 1),
+            ``out_indices`` not a non-empty subset of ``FEATURE_INDICES``, or other than
+            ``FEATURE_INDICES`` without ``features_only`` (a classifier would ignore it).
     """
 
     def __init__(self, block: type[ResidualBlock], layers: Sequence[int], *,
@@ -171,6 +172,10 @@ class ResNet(nn.Cell):
         if not out_indices or not set(out_indices) <= set(FEATURE_INDICES):
             raise ValueError(f"out_indices must be a non-empty subset of {FEATURE_INDICES}, "
                              f"got {out_indices}")
+        if not features_only and tuple(sorted(set(out_indices))) != FEATURE_INDICES:
+            raise ValueError(f"out_indices {tuple(out_indices)} is only read with features_only "
+                             f"(a backbone's maps); a classifier outputs its logits: pass "
+                             f"features_only=True, or leave out_indices out")
         self.stem_pool_pad_mode = stem_pool_pad_mode
         self.in_channels = STEM_CHANNELS
         self.zero_init_residual = zero_init_residual

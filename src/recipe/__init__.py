@@ -5,9 +5,13 @@ style), one concern per module: ``checks``, ``network``, ``optimization``, ``dat
 """
 from src.recipe.checks import (
     TRAIN_SECTIONS,
+    UNUSED_KEYS,
+    UnusedKey,
+    check_optimizer_keys,
     check_split_and_balance,
     check_task,
     check_train_config,
+    check_unused_keys,
     resolve_sink_size,
     score_key,
     task_defaults,
@@ -65,7 +69,8 @@ from src.recipe.splits import (
 
 __all__ = [
     # checks
-    "TRAIN_SECTIONS", "check_split_and_balance", "check_task",
+    "TRAIN_SECTIONS", "UNUSED_KEYS", "UnusedKey", "check_optimizer_keys",
+    "check_split_and_balance", "check_task", "check_unused_keys",
     "check_train_config", "resolve_sink_size", "score_key", "task_defaults",
     # data
     "TRAIN_AUGMENT_KEYS", "TrainData", "batch_mixer", "build_data", "epoch_dataset",

@@ -1,9 +1,16 @@
 """The checks of a training config: values that cannot work are refused naming the key
-(``check_train_config``), ``task``'s defaults and score key, the dataset sink size
-(``resolve_sink_size``); and the sections of train.py's ``--help``.
+(``check_train_config``), the optimizer's keys (``check_optimizer_keys``), keys set that their
+entry point would ignore (``check_unused_keys``), ``task``'s defaults and score key, the dataset
+sink size (``resolve_sink_size``); and the sections of train.py's ``--help``.
 """
+import logging
+from collections.abc import Callable
+from typing import NamedTuple
+
 from src.models.resnet import last_feature_map_side
 from src.recipe.splits import held_out
+from src.training.lr_schedule import TO_LR_END
+from src.training.optimizer import HYPERPARAMETERS, OPTIMIZERS
 from src.training.profiler import parse_profile_steps
 from src.utils.config import Config, ConfigError
 from src.utils.tasks import get_task
@@ -19,8 +26,9 @@ def check_train_config(cfg: Config) -> None:
 
     Raises:
         ConfigError: Empty ``data_path``, ``run_eval`` without eval data, early stopping
-            without ``run_eval``, a bad split, balance
-            or ``profile_steps``, a linear probe as long as the run, or a last-stage BatchNorm
+            without ``run_eval``, a hyperparameter the optimizer does not take, a key set
+            that training would ignore (``check_unused_keys``), a bad split, balance or
+            ``profile_steps``, a linear probe as long as the run, or a last-stage BatchNorm
             seeing one value per channel.
     """
     if not cfg.data_path:
@@ -32,6 +40,8 @@ def check_train_config(cfg: Config) -> None:
         raise ConfigError(f"early_stopping_patience {cfg.early_stopping_patience} needs an "
                           f"evaluation during training: set run_eval true (with "
                           f"eval_data_path or val_split), or early_stopping_patience 0")
+    check_optimizer_keys(cfg)
+    check_unused_keys(cfg, "train")
     check_split_and_balance(cfg)
     check_task(cfg)
     parse_profile_steps(cfg.profile_steps)
@@ -47,6 +57,87 @@ def check_train_config(cfg: Config) -> None:
                           f", so its BatchNorm layers would see one value per channel (variance "
                           f"undefined, the running statistics become NaN); use batch_size 2 or "
                           f"more, a train_image_size above 32, or freeze_bn true")
+
+
+def check_optimizer_keys(cfg: Config) -> None:
+    """The optimizer hyperparameters set (not null, as config.yaml leaves them) are ones the
+    chosen ``optimizer`` takes (``OPTIMIZERS``).
+
+    Raises:
+        ConfigError: Naming the key, the optimizer, the keys it takes and those taking the key.
+    """
+    takes = OPTIMIZERS[cfg.optimizer].hyperparameters
+    for key in HYPERPARAMETERS:
+        if key not in takes and cfg[key] is not None:
+            others = [name for name, info in OPTIMIZERS.items() if key in info.hyperparameters]
+            raise ConfigError(f"{key} {cfg[key]} is set but optimizer {cfg.optimizer} does not "
+                              f"take it (it takes {', '.join(takes)}): leave {key} unset "
+                              f"(null), or use optimizer {' or '.join(others)}")
+
+
+class UnusedKey(NamedTuple):
+    """A row of ``UNUSED_KEYS``: ``key`` is read by entry point ``reader`` only where ``used``
+    holds, a setting of key ``needed`` (``needs`` in words); ``warn``: one warning line
+    instead of a refusal."""
+
+    key: str
+    needed: str
+    needs: str
+    used: Callable[[Config], bool]
+    reader: str = "train"
+    warn: bool = False
+
+
+UNUSED_KEYS = (
+    UnusedKey("lr_end", "lr_schedule", "lr_schedule cosine, linear or poly",
+              lambda cfg: cfg.lr_schedule in TO_LR_END),
+    UnusedKey("lr_poly_power", "lr_schedule", "lr_schedule poly",
+              lambda cfg: cfg.lr_schedule == "poly"),
+    UnusedKey("lr_decay_epochs", "lr_schedule", "lr_schedule step",
+              lambda cfg: cfg.lr_schedule == "step"),
+    UnusedKey("lr_decay_factor", "lr_schedule", "lr_schedule step",
+              lambda cfg: cfg.lr_schedule == "step"),
+    *(UnusedKey(key, "kd_teacher", "a kd_teacher", lambda cfg: bool(cfg.kd_teacher))
+      for key in ("kd_net_name", "kd_distill_type", "kd_temperature", "distill_loss_weight",
+                  "task_loss_weight")),
+    UnusedKey("kd_temperature", "kd_distill_type", "kd_distill_type logit",
+              lambda cfg: cfg.kd_distill_type == "logit"),
+    # a warning: resuming with --early_stopping_patience 0 turns early stopping off
+    # (docs/training.md#early-stopping), the run's min_delta often still given
+    UnusedKey("early_stopping_min_delta", "early_stopping_patience",
+              "early_stopping_patience above 0", lambda cfg: cfg.early_stopping_patience > 0,
+              warn=True),
+    UnusedKey("cam_class", "cam_dir", "a cam_dir", lambda cfg: bool(cfg.cam_dir),
+              reader="predict"),
+)
+"""Keys read only with another key's setting: set otherwise than config.yaml's default
+(``Config.set_otherwise``) while it is off, they would be ignored without a word."""
+LOGGER = logging.getLogger(__name__)
+
+
+def check_unused_keys(cfg: Config, reader: str) -> None:
+    """Refuse the keys of ``UNUSED_KEYS`` that entry point ``reader`` ("train", "predict")
+    reads, set otherwise than their default where their setting is off (a ``warn`` row: one
+    warning line).
+
+    Raises:
+        ConfigError: Naming the key, its value, the key it needs and that key's value.
+    """
+    for row in UNUSED_KEYS:
+        if row.reader != reader or not cfg.set_otherwise(row.key) or row.used(cfg):
+            continue
+        found = (f"{row.key} {_shown(cfg[row.key])} is only read with {row.needs} "
+                 f"({row.needed} is {_shown(cfg[row.needed])})")
+        if row.warn:
+            LOGGER.warning("%s: it is ignored", found)
+            continue
+        raise ConfigError(f"{found}: use {row.needs}, or leave {row.key} at its default "
+                          f"{_shown(cfg.defaults.get(row.key))}")
+
+
+def _shown(value):
+    """A config value in a message: "empty" for an empty string."""
+    return "empty" if value == "" else value
 
 
 def check_split_and_balance(cfg: Config) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from src.data.sampling import balanced_class_weights, class_counts
 from src.data.split import training_labels
 from src.models.resnet import create_network
+from src.recipe.checks import check_optimizer_keys
 from src.recipe.network import network_kwargs
 from src.recipe.splits import held_out, multilabel_pos_weight
 from src.training.distill import (
@@ -23,7 +24,7 @@ from src.training.distill import (
 )
 from src.training.evaluator import EvalShard, Evaluator, MultiLabelEvaluator
 from src.training.model import StepRecipe, build_model, eval_model, resolve_allreduce_per
-from src.training.optimizer import HYPERPARAMETERS
+from src.training.optimizer import OPTIMIZERS
 from src.training.train_step import WeightEma
 from src.utils.architectures import ARCHITECTURES
 from src.utils.config import Config, ConfigError
@@ -31,11 +32,18 @@ from src.utils.tasks import get_task
 
 
 def optimizer_kwargs(cfg: Config) -> dict[str, Any]:
-    """Keywords of ``create_optimizer`` from the config (timm's ``optimizer_kwargs``): every
-    optimizer's hyperparameters (``HYPERPARAMETERS``), the chosen one takes its own."""
+    """Keywords of ``create_optimizer`` from the config (timm's ``optimizer_kwargs``): the
+    chosen optimizer's hyperparameters that are set (not null; ``create_optimizer`` takes the
+    optimizer's declared defaults for the others).
+
+    Raises:
+        ConfigError: As ``check_optimizer_keys``.
+    """
+    check_optimizer_keys(cfg)
     return dict(optimizer=cfg.optimizer, weight_decay=cfg.weight_decay,
                 layer_decay=cfg.layer_decay, head_lr_scale=cfg.head_lr_scale,
-                **{key: cfg[key] for key in HYPERPARAMETERS})
+                **{key: cfg[key] for key in OPTIMIZERS[cfg.optimizer].hyperparameters
+                   if cfg[key] is not None})
 
 
 def loss_kwargs(cfg: Config) -> dict[str, Any]:

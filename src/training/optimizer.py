@@ -402,16 +402,21 @@ def _lars(groups, learning_rate, *, momentum, eps, trust_coeff):
 class OptimInfo:
     """An entry of ``OPTIMIZERS`` (timm's ``OptimInfo``): ``build(groups, learning_rate,
     **hyperparameters)``, the ``hyperparameters`` it takes with their defaults (config keys of the
-    same names), and whether it takes and divides out a fixed ``loss_scale``."""
+    same names, null in config.yaml: a run takes these unless it sets one), and whether it takes
+    and divides out a fixed ``loss_scale``."""
 
     build: Callable[..., nn.Optimizer]
     hyperparameters: dict[str, float] = field(default_factory=dict)
     takes_loss_scale: bool = False
 
 
-#: name -> ``OptimInfo``: a new optimizer is one builder and one entry here.
+#: name -> ``OptimInfo``: a new optimizer is one builder and one entry here. Sources of the
+#: defaults: momentum 0.875 is NVIDIA's ResNet-50 v1.5 recipe (config.yaml's; torch.optim.SGD's
+#: own default is 0, no momentum); adamw's are torch.optim.AdamW's, lamb's the same (timm's
+#: Lamb has eps 1e-6); lars's momentum and trust_coeff are the MLPerf reference's
+#: (--momentum=0.9, eeta 0.001), its eps timm's Lars's.
 OPTIMIZERS = {
-    "momentum": OptimInfo(_momentum, {"momentum": 0.9}, takes_loss_scale=True),
+    "momentum": OptimInfo(_momentum, {"momentum": 0.875}, takes_loss_scale=True),
     "adamw": OptimInfo(_adamw, {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
     "lamb": OptimInfo(_lamb, {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
     "lars": OptimInfo(_lars, {"momentum": 0.9, "eps": 1e-8, "trust_coeff": 0.001}),
@@ -425,14 +430,34 @@ HYPERPARAMETERS = tuple(dict.fromkeys(k for info in OPTIMIZERS.values()
 TAKES_LOSS_SCALE = tuple(name for name, info in OPTIMIZERS.items() if info.takes_loss_scale)
 
 
+def optimizer_hyperparameters(optimizer: str, **hyperparameters: float | None
+                              ) -> dict[str, float]:
+    """The hyperparameters ``OPTIMIZERS[optimizer]`` is built with: each it takes as given,
+    or its declared default where not given or None; those of other optimizers are ignored.
+
+    Raises:
+        TypeError: A keyword no optimizer takes (not in ``HYPERPARAMETERS``).
+        KeyError: ``optimizer`` is not a key of ``OPTIMIZERS`` (the message lists them).
+    """
+    for name in hyperparameters:
+        if name not in HYPERPARAMETERS:
+            raise TypeError(f"create_optimizer() got an unexpected keyword argument {name!r}")
+    if optimizer not in OPTIMIZERS:
+        raise KeyError(f"unknown optimizer {optimizer!r}; valid names: "
+                       f"{', '.join(sorted(OPTIMIZERS))}")
+    return {name: default if hyperparameters.get(name) is None else hyperparameters[name]
+            for name, default in OPTIMIZERS[optimizer].hyperparameters.items()}
+
+
 def create_optimizer(net: nn.Cell, lr: np.ndarray | float, momentum: float | None = None,
                      weight_decay: float = 0.0, loss_scale: float = 1.0, *,
                      optimizer: str = "momentum", layer_decay: float = 1.0,
-                     head_lr_scale: float = 1.0, **hyperparameters: float) -> nn.Optimizer:
+                     head_lr_scale: float = 1.0, **hyperparameters: float | None) -> nn.Optimizer:
     """``OPTIMIZERS[optimizer]`` over ``parameter_groups(net, lr, ...)``; ``lr`` is one LR per
     optimizer step (made a float32 Tensor) or a constant. ``momentum`` (positional for older
     calls) and ``**hyperparameters`` (of ``HYPERPARAMETERS``) set the chosen entry's
-    hyperparameters, the others are ignored; only ``TAKES_LOSS_SCALE`` divide a fixed
+    hyperparameters, None or not given its declared default, the others are ignored
+    (``optimizer_hyperparameters``); only ``TAKES_LOSS_SCALE`` divide a fixed
     ``loss_scale`` out (``TrainStep`` unscales first, so training passes 1). Weight decay is L2
     for momentum, decoupled for adamw, inside the trust ratio for lamb and lars. See
     docs/training.md#optimizers.
@@ -442,22 +467,13 @@ def create_optimizer(net: nn.Cell, lr: np.ndarray | float, momentum: float | Non
         KeyError: ``optimizer`` is not a key of ``OPTIMIZERS`` (the message lists them).
         ValueError: ``loss_scale != 1.0`` with an optimizer that cannot divide it out.
     """
-    for name in hyperparameters:
-        if name not in HYPERPARAMETERS:
-            raise TypeError(f"create_optimizer() got an unexpected keyword argument {name!r}")
-    if optimizer not in OPTIMIZERS:
-        raise KeyError(f"unknown optimizer {optimizer!r}; valid names: "
-                       f"{', '.join(sorted(OPTIMIZERS))}")
+    chosen = optimizer_hyperparameters(optimizer, **hyperparameters, momentum=momentum)
     info = OPTIMIZERS[optimizer]
     if loss_scale != 1.0 and not info.takes_loss_scale:
         raise ValueError(f"optimizer {optimizer!r} cannot divide out a fixed loss scale "
                          f"(loss_scale={loss_scale}); only {', '.join(TAKES_LOSS_SCALE)} can. "
                          "Pass loss_scale 1.0 and unscale the gradients before the optimizer, as "
                          "TrainStep does")
-    if momentum is not None:
-        hyperparameters["momentum"] = momentum
-    chosen = {name: hyperparameters.get(name, default)
-              for name, default in info.hyperparameters.items()}
     if info.takes_loss_scale:
         chosen["loss_scale"] = loss_scale
     groups = parameter_groups(net, lr, weight_decay, layer_decay, head_lr_scale)

@@ -2,6 +2,7 @@
 file (``--config_path``) < ``--key value`` flags. See docs/configuration.md#setting-values.
 """
 import argparse
+import copy
 import logging
 import math
 import os
@@ -70,13 +71,21 @@ INT_RANGES = {"trainable_layers": (0, MAX_TRAINABLE_LAYERS,
                                   f" (0 = only fc, {MAX_TRAINABLE_LAYERS} = every layer)"),
               "cam_class": (-1, CLASS_NUM_MAX - 1, " (-1 = the predicted class)")}
 """Integer keys checked to lie in low..high: key -> (low, high, note for the error)."""
+NULL_DEFAULT_TYPES = {"momentum": float, "beta1": float, "beta2": float, "eps": float,
+                      "trust_coeff": float}
+"""Keys whose default is null (unset: the chosen optimizer's own default, ``OPTIMIZERS`` in
+src/training/optimizer.py) -> the type of the values they take; null (``~`` or ``null`` in YAML,
+``--key null``) unsets them again."""
+NULL_WORDS = ("null", "~")
+"""The text of null on the command line (YAML's words for it)."""
 RECIPE_IGNORED = ("config_path",)
 """Non-config keys a recipe may hold (a run's written config.yaml records ``config_path``)."""
 RENAMED = {"image_size": "train_image_size (training crop) and eval_image_size (eval, export, "
                          "predict)"}
 """Keys of earlier versions and what replaced them, named in the unknown-key error."""
-ConfigValue = bool | int | float | str | list
-"""The type of a config value: that of its default in config.yaml."""
+ConfigValue = bool | int | float | str | list | None
+"""The type of a config value: that of its default in config.yaml (``NULL_DEFAULT_TYPES``'s for a
+null default), or None for an unset key of ``NULL_DEFAULT_TYPES``."""
 SECTION = re.compile(r"^# -+ (.+?) -+$")
 LOGGER = logging.getLogger(__name__)
 
@@ -87,9 +96,11 @@ class ConfigError(UserError, ValueError):
 
 class Config(dict):
     """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``);
-    ``user_keys`` are those set in the recipe file or on the command line."""
+    ``user_keys`` are those set in the recipe file or on the command line, ``defaults``
+    config.yaml's values."""
 
     user_keys: frozenset[str] = frozenset()
+    defaults: dict[str, ConfigValue] = {}
 
     def __getattr__(self, key):
         try:
@@ -105,6 +116,10 @@ class Config(dict):
     def user_value(self, key: str) -> ConfigValue | None:
         """The value of ``key`` if the user set it (``user_keys``), else None."""
         return self[key] if key in self.user_keys else None
+
+    def set_otherwise(self, key: str) -> bool:
+        """Whether the user set ``key`` (``user_keys``) to another value than its default."""
+        return key in self.user_keys and self[key] != self.defaults.get(key)
 
     def fill_unset(self, values: dict[str, ConfigValue], origin: str | None = None
                    ) -> tuple[dict[str, ConfigValue], dict[str, ConfigValue]]:
@@ -127,7 +142,8 @@ def load_schema(path: str = DEFAULT_CONFIG) -> tuple[dict[str, ConfigValue], dic
     """Read the schema file: (defaults, help texts, choices).
 
     Raises:
-        ConfigError: If the file does not hold the three documents or a key lacks help.
+        ConfigError: If the file does not hold the three documents, a key lacks help, or a
+            null default has no type (``NULL_DEFAULT_TYPES``).
     """
     docs = _read_yaml_documents(path)
     if len(docs) != 3:
@@ -137,6 +153,10 @@ def load_schema(path: str = DEFAULT_CONFIG) -> tuple[dict[str, ConfigValue], dic
     missing = [key for key in defaults if key not in helps]
     if missing:
         raise ConfigError(f"{path}: no help text for keys {missing}")
+    untyped = [k for k, v in defaults.items() if v is None and k not in NULL_DEFAULT_TYPES]
+    if untyped:
+        raise ConfigError(f"{path}: keys {untyped} default to null without a type in "
+                          f"NULL_DEFAULT_TYPES (src/utils/config.py)")
     return defaults, helps, choices
 
 
@@ -255,13 +275,25 @@ def _is_schema_copy(docs):
             and all(isinstance(v, list) for v in docs[2].values()))
 
 
+def typed_default(key: str, default: ConfigValue) -> ConfigValue:
+    """``default``, or for a null one a value of the key's type (``NULL_DEFAULT_TYPES``): what
+    the key's type is read from."""
+    return NULL_DEFAULT_TYPES[key]() if default is None else default
+
+
 def coerce(key: str, value: object, default: ConfigValue, source: str) -> ConfigValue:
     """``value`` as the type of ``default``: strings (flags, YAML's ``1e-4``) are parsed, an int
-    is accepted for a float key; ``source`` (file or "command line") is named in errors.
+    is accepted for a float key; a key whose default is null takes null (``NULL_WORDS``) too;
+    ``source`` (file or "command line") is named in errors.
 
     Raises:
         ConfigError: If the value cannot be read as the key's type.
     """
+    nullable = default is None
+    if nullable and (value is None or (isinstance(value, str)
+                                       and value.strip().lower() in NULL_WORDS)):
+        return None
+    default = typed_default(key, default)
     expected = type(default)
     try:
         if isinstance(value, str) and expected is not str:
@@ -273,8 +305,8 @@ def coerce(key: str, value: object, default: ConfigValue, source: str) -> Config
         elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise TypeError
     except (TypeError, ValueError, yaml.YAMLError):
-        raise ConfigError(f"{source}: key {key!r} expects {_type_name(default)}, "
-                          f"got {value!r}") from None
+        raise ConfigError(f"{source}: key {key!r} expects {_type_name(default)}"
+                          f"{' or null' if nullable else ''}, got {value!r}") from None
     return value
 
 
@@ -374,9 +406,10 @@ def build_parser(defaults: dict[str, ConfigValue], helps: dict[str, str], descri
         listed = shown is None or name in shown or name == "other"
         group = parser.add_argument_group(name) if listed else parser
         for key in (k for k in keys if k in defaults):
+            shown_default = "null" if defaults[key] is None else repr(defaults[key])
             group.add_argument(f"--{key}", default=argparse.SUPPRESS,
-                               metavar=_metavar(defaults[key]),
-                               help=f"{helps[key]} (default: {defaults[key]!r})" if listed
+                               metavar=_metavar(typed_default(key, defaults[key])),
+                               help=f"{helps[key]} (default: {shown_default})" if listed
                                else argparse.SUPPRESS)
     return parser
 
@@ -387,7 +420,8 @@ def _metavar(default):
 
 def check_values(cfg: Config) -> None:
     """Range checks shared by every entry point: floats finite, ``check_upper_bounds``, then
-    ``POSITIVE``, ``NON_NEGATIVE``, ``UNIT_INTERVAL``, ``INT_RANGES`` and the rest.
+    ``POSITIVE``, ``NON_NEGATIVE``, ``UNIT_INTERVAL`` (of the keys set: not null), ``INT_RANGES``
+    and the rest.
 
     Raises:
         ConfigError: Naming the key, its value and what was expected.
@@ -400,13 +434,15 @@ def check_values(cfg: Config) -> None:
             raise ConfigError(f"{key} must hold finite numbers, got {value}")
     check_upper_bounds(cfg)
     for key in POSITIVE:
-        if cfg[key] <= 0:
+        if cfg[key] is not None and cfg[key] <= 0:
             kind = "a positive integer" if isinstance(cfg[key], int) else "positive"
             raise ConfigError(f"{key} must be {kind}, got {cfg[key]}")
     for key in NON_NEGATIVE:
-        if cfg[key] < 0:
+        if cfg[key] is not None and cfg[key] < 0:
             raise ConfigError(f"{key} must be 0 or positive, got {cfg[key]}")
     for key, interval in UNIT_INTERVAL.items():
+        if cfg[key] is None:
+            continue
         if (not 0 <= cfg[key] <= 1 or (interval.endswith(")") and cfg[key] == 1)
                 or (interval.startswith("(") and cfg[key] == 0)):
             raise ConfigError(f"{key} must be in {interval}, got {cfg[key]}")
@@ -480,4 +516,5 @@ def parse_config(argv: list[str] | None = None, description: str = "ResNet on Mi
     check_values(cfg)
     cfg["config_path"] = config_path
     cfg.user_keys = frozenset(recipe) | frozenset(flags)
+    cfg.defaults = copy.deepcopy(defaults)
     return cfg
