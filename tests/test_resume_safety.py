@@ -290,3 +290,18 @@ def test_the_loss_weights_count_every_image_when_eval_data_path_wins_over_val_sp
                         str(tmp_path / "data")])
     n = np.array(list(counts.values()))
     np.testing.assert_allclose(loss_class_weights(cfg), n.sum() / (3 * n), rtol=1e-6)
+
+
+def test_a_checkpoint_storing_the_optimizers_default_resumes_under_a_null_key():
+    """A checkpoint written when config.yaml set momentum 0.875 (and the other optimizers'
+    keys) resumes under a config that leaves them null (the optimizer's declared default);
+    another momentum is still refused."""
+    from src.training.resume import check_same_recipe
+
+    old = {"optimizer": "momentum", "momentum": 0.875, "beta1": 0.9, "beta2": 0.999,
+           "eps": 1e-8, "trust_coeff": 0.001}
+    new = {"optimizer": "momentum", "momentum": None, "beta1": None, "beta2": None,
+           "eps": None, "trust_coeff": None}
+    check_same_recipe("old.ckpt", old, new)
+    with pytest.raises(ConfigError, match=r"momentum 0.9 \(checkpoint: 0.875\)"):
+        check_same_recipe("old.ckpt", old, dict(new, momentum=0.9))

@@ -17,6 +17,7 @@ import numpy as np
 
 from src.training.best import best_checkpoint_path, stored_score
 from src.training.lr_schedule import LR_KEYS
+from src.training.optimizer import HYPERPARAMETERS, OPTIMIZERS, optimizer_hyperparameters
 from src.training.output_dir import records_after
 from src.utils.checkpoint import (
     GRAD_ACCUM_PREFIX,
@@ -110,6 +111,18 @@ def find_resume_checkpoint(output_dir: str, prefix: str, steps_per_epoch: int,
     return None
 
 
+def effective_optimizer(config: dict) -> dict:
+    """``config`` with the optimizer hyperparameters it trains with: the chosen optimizer's
+    (``optimizer_hyperparameters``: a null key is its declared default), those of other
+    optimizers left out; unchanged without an ``optimizer`` key. A checkpoint that stores
+    ``momentum 0.875`` and a config that leaves it null (the declared default) agree."""
+    if config.get("optimizer") not in OPTIMIZERS:
+        return config
+    taken = optimizer_hyperparameters(config["optimizer"], **{
+        k: config.get(k) for k in HYPERPARAMETERS})
+    return {**{k: v for k, v in config.items() if k not in HYPERPARAMETERS}, **taken}
+
+
 def check_same_recipe(path: str, stored: dict | None, current: dict,
                       keys: Sequence[str] | None = None) -> None:
     """Refuse to resume ``path`` when its stored ``run_config`` (None: accepted
@@ -124,8 +137,10 @@ def check_same_recipe(path: str, stored: dict | None, current: dict,
                        "same recipe", path)
         return
     keys = recipe_keys(current) if keys is None else keys
+    stored, current = effective_optimizer(stored), effective_optimizer(current)
     differ = [f"{k} {current[k]!r} (checkpoint: {stored[k]!r})" for k in keys
-              if k in stored and stored[k] != json.loads(json.dumps(current[k]))]
+              if k in stored and k in current
+              and stored[k] != json.loads(json.dumps(current[k]))]
     if differ:
         raise ConfigError(f"cannot resume {path} with other {', '.join(differ)}: the rest of "
                           f"the run would train something else than its first part (the "
