@@ -27,8 +27,11 @@ a bar on a terminal, otherwise a line every 30 s or 10% of the images (``src/uti
 ``--benchmark_steps N`` times N inference steps on synthetic images instead (no dataset).
 A multi-label model (``task multilabel``, read from the model or set) is evaluated on the
 images of ``--label_file``: mAP, per-class AP / precision / recall / F1 at its thresholds
-(``--tune_thresholds true`` tunes them for F1 and writes thresholds.json beside the
-checkpoint), ``per_class.csv``/``.md``, ``pr_curves.png`` and the page: docs/multilabel.md.
+(``--tune_thresholds true`` tunes them for F1 and records them in thresholds.json beside the
+checkpoint, for its weights), ``per_class.csv``/``.md``, ``pr_curves.png`` and the page:
+docs/multilabel.md. The model file's record (docs/deployment.md#the-model-record) gives its
+network, classes, task and eval preprocessing: no --config_path is needed, and data of other
+class names than the model's is refused naming both.
 
     python eval.py --config_path configs/multilabel_quick_start.yaml \
         --checkpoint_path output/multilabel_quick_start/resnet18-best.ckpt \
@@ -81,6 +84,7 @@ from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
 from src.utils.multilabel_metrics import tune_thresholds
 from src.utils.progress import Progress
+from src.utils.tasks import MULTICLASS, MULTILABEL
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 from src.utils.tracking import TensorBoardLog
@@ -242,7 +246,7 @@ class LabelFileScoring:
         return {"pr_curves": picture}
 
 
-SCORINGS = {"multiclass": FolderScoring, "multilabel": LabelFileScoring}
+SCORINGS = {MULTICLASS.name: FolderScoring, MULTILABEL.name: LabelFileScoring}
 """The scoring of each task (``src.utils.tasks.TASKS``) by name."""
 
 

@@ -8,11 +8,12 @@
 
 Images are preprocessed as in eval (turned upright by their EXIF orientation with
 exif_transpose true, resize eval_resize with eval_interpolation, center crop eval_image_size,
-ImageNet normalization). Class names: --class_names_path, else the
-label_names of Hub weights' config.json, else class_names.txt next to the checkpoint (written
-by train.py), else the 1000 ImageNet names shipped in data/ when class_num is 1000. Hub weights
-(an hf-hub: id, a safetensors folder or file: src/utils/hub.py) bring their network, class
-count and eval settings, used for the keys not set on the command line or in --config_path.
+ImageNet normalization). The model file's record (docs/deployment.md#the-model-record) gives
+its network, classes and their names, task, thresholds, tta and eval preprocessing: no
+--config_path is needed; a value set that contradicts it is refused naming both. For a file
+that records no class names: --class_names_path, else class_names.txt next to the checkpoint,
+else the 1000 ImageNet names shipped in data/ when class_num is 1000. Hub weights (an hf-hub:
+id, a safetensors folder or file: src/utils/hub.py) bring what their config.json says.
 A MindIR or ONNX file runs at the batch size it was exported with: pass that --batch_size (any
 --batch_size if exported with ``export.py --dynamic_batch true``). ONNX files run in ONNX
 Runtime (in requirements.txt; the fastest on CPU); ``--runtime onnxruntime`` runs a .ckpt there

@@ -355,7 +355,7 @@ def benchmark_training(cfg: Config, device_num: int, log: logging.Logger) -> int
     images_per_step = cfg.batch_size * cfg.grad_accumulation_steps
     images, labels = as_tensors(*synthetic_batch(
         cfg.batch_size, cfg.train_image_size, cfg.class_num,
-        soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha) or cfg.task == "multilabel"))
+        soft_targets=bool(cfg.mixup_alpha or cfg.cutmix_alpha) or get_task(cfg.task).multi_hot))
     log.info("benchmark_steps %d: %s, %d images per step per device at %d px, amp_level %s, "
              "%d device(s); data_path not read, nothing written", cfg.benchmark_steps,
              cfg.net_name, images_per_step, cfg.train_image_size, amp_level, device_num)

@@ -119,3 +119,43 @@ def layout_modules():
 def test_layout_page_names_every_module(module):
     page = open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8").read()
     assert module in page, f"docs/layout.md misses {module}"
+
+
+# ---- the task is an object: nothing compares task names ----
+
+ENTRY_POINTS = ("train.py", "eval.py", "export.py", "predict.py")
+
+
+def task_name_comparisons(source, names):
+    """(line, text) of each comparison (``==``, ``!=``, ``in``, ``not in``) against a string
+    literal of ``names`` in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        literals = [n for operand in operands for n in ast.walk(operand)
+                    if isinstance(n, ast.Constant) and n.value in names]
+        if literals:
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_finder_sees_a_task_name_comparison():
+    assert task_name_comparisons('if cfg.task == "multilabel": pass', {"multilabel"}) == [
+        (1, "cfg.task == 'multilabel'")]
+    assert task_name_comparisons('x = cfg.task in ("multiclass",)', {"multiclass"}) != []
+    assert task_name_comparisons('x = get_task(cfg.task).multi_hot', {"multilabel"}) == []
+
+
+def test_no_task_name_is_compared_outside_the_task_registry():
+    """docs/layout.md#the-task-and-the-model-record: code asks the ``Task`` object."""
+    from src.utils.tasks import TASKS
+
+    registry = os.path.join(ROOT, "src", "utils", "tasks.py")
+    files = [f for f in src_files() if f != registry] + [
+        os.path.join(ROOT, name) for name in ENTRY_POINTS]
+    found = {os.path.relpath(path, ROOT): hits for path in files
+             if (hits := task_name_comparisons(open(path, encoding="utf-8").read(),
+                                               set(TASKS)))}
+    assert not found, found

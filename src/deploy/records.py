@@ -25,7 +25,7 @@ from src.utils.model_record import (
     weights_digest,
 )
 from src.utils.multilabel_metrics import DEFAULT_THRESHOLD
-from src.utils.tasks import TASKS
+from src.utils.tasks import MULTILABEL, TASKS
 
 LOGGER = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def _read_thresholds_file(path: str) -> dict:
             content = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"cannot read {path} as JSON: {err}") from err
-    if not isinstance(content, dict) or content.get("task") != "multilabel" \
+    if not isinstance(content, dict) or content.get("task") != MULTILABEL.name \
             or not isinstance(content.get("class_names"), list):
         raise RecordError(f"{path}: expected a JSON object with task multilabel, class_names "
                           f"and tuned thresholds (written by eval.py --tune_thresholds true)")
@@ -234,7 +234,7 @@ def tuned_thresholds(checkpoint_path: str, record: ModelRecord, digest_of) -> Mo
     for entry in entries:
         if isinstance(entry, dict) and entry.get("weights_sha256") == digest:
             return record.with_values(thresholds=entry.get("thresholds"),
-                                      thresholds_weights=digest, task="multilabel",
+                                      thresholds_weights=digest, task=MULTILABEL.name,
                                       class_names=record.class_names or names,
                                       class_num=record.class_num or len(names),
                                       source=f"{checkpoint_path} ({path})")
@@ -272,6 +272,7 @@ def write_tuned_thresholds(checkpoint_path: str, class_names: Sequence[str], thr
                    and e.get("weights_sha256") != digest]
     entries.append({"weights_sha256": digest, "checkpoint": os.path.basename(checkpoint_path),
                     "thresholds": values})
-    atomic_write_text(path, json.dumps({"task": "multilabel", "class_names": list(class_names),
+    atomic_write_text(path, json.dumps({"task": MULTILABEL.name,
+                                        "class_names": list(class_names),
                                         "tuned": entries}, indent=1) + "\n")
     return path
