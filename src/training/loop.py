@@ -14,6 +14,7 @@ from src.training.callbacks import NOT_WRITTEN, STOP_REASONS, StepState, StopAtS
 from src.training.profiler import ProfileSteps
 from src.training.saver import CheckpointSaver
 from src.training.signals import StopSignals
+from src.utils.tasks import TASKS
 
 EXIT_NONFINITE, EXIT_SAVE_FAILED = 3, 4
 """Exit statuses: a non-finite loss or parameters, or too many overflowed steps; a checkpoint,
@@ -189,8 +190,8 @@ def track_run_end(callbacks: TrainCallbacks, output_dir: str, config: dict) -> N
             lines = [line for line in f if line.strip()]
         epochs = [record for record in map(json.loads, lines) if "event" not in record]
         last = epochs[-1] if epochs else {}
-    metrics = {f"hparams/{key}": last[key] for key in ("loss", "top1", "top5", "best_top1",
-                                                       "ema_top1", "mAP", "best_mAP", "ema_mAP")
-               if key in last}
+    scores = [f"{prefix}{task.score_key}" for task in TASKS.values()
+              for prefix in ("", "best_", "ema_")]
+    metrics = {f"hparams/{key}": last[key] for key in ("loss", "top5", *scores) if key in last}
     tracker.hparams(config, metrics, callbacks.state.global_step)
     tracker.close()

@@ -9,16 +9,19 @@ import json
 import os
 from typing import BinaryIO
 
+from src.utils.tasks import DEFAULT_TASK, TASKS
+
 PANELS = (("loss", "train loss (epoch mean)"), ("top1", "eval top-1"), ("lr", "learning rate"))
-SCORES = {"top1": "eval top-1", "mAP": "eval mAP"}
-"""The eval score of the middle panel: top-1, or mAP for multi-label runs (no ``top1``)."""
+SCORES = {task.score_key: f"eval {task.score_name}" for task in TASKS.values()}
+"""The eval score of the middle panel: each task's score (top-1, or mAP for multi-label runs)."""
 
 
 def score_of(runs: list[tuple[str, list[dict]]]) -> str:
-    """``mAP`` when the records hold mAP and no top-1 (multi-label runs), else ``top1``."""
+    """The first task's ``score_key`` (``TASKS`` order) that the records hold; ``top1`` when
+    they hold none (no evaluation)."""
     records = [r for _, run in runs for r in run]
-    return "mAP" if any("mAP" in r for r in records) and not any(
-        "top1" in r for r in records) else "top1"
+    held = [key for key in SCORES if any(key in r for r in records)]
+    return held[0] if held else DEFAULT_TASK.score_key
 FIGSIZE = (13, 3.8)  # inches
 DPI = 90  # the PNG is FIGSIZE * DPI pixels: 1170 x 342
 

@@ -26,7 +26,7 @@ class Task:
         name (str): The ``task`` config value.
         probabilities (callable): float logits (N, K) -> probabilities (N, K), same dtype.
         score_key (str): The evaluation metric that picks the best checkpoint and drives early
-            stopping (``top1`` or ``mAP``, fractions in [0, 1]).
+            stopping (``top1`` or ``mAP``, fractions in [0, 1]); ``score_name`` its words.
         higher_is_better (bool): Whether a larger ``score_key`` is better.
         losses (tuple[str, ...]): The ``loss`` values it trains with.
         defaults (Mapping): Config values it takes for the keys the user did not set.
@@ -40,6 +40,7 @@ class Task:
     name: str
     probabilities: Callable[[np.ndarray], np.ndarray]
     score_key: str
+    score_name: str = ""
     higher_is_better: bool = True
     losses: tuple[str, ...] = ()
     defaults: Mapping = field(default_factory=dict)
@@ -62,9 +63,9 @@ class Task:
         return self.name
 
 
-MULTICLASS = Task("multiclass", softmax, "top1", losses=("ce", "bce"),
+MULTICLASS = Task("multiclass", softmax, "top1", "top-1", losses=("ce", "bce"),
                   problem_type="single_label_classification")
-MULTILABEL = Task("multilabel", sigmoid, "mAP", losses=("bce", "asl"),
+MULTILABEL = Task("multilabel", sigmoid, "mAP", "mAP", losses=("bce", "asl"),
                   defaults=MappingProxyType({"loss": "bce", "label_smoothing": 0.0}),
                   problem_type="multi_label_classification", multi_hot=True,
                   uses_thresholds=True, label_file=True)
