@@ -126,6 +126,11 @@ def test_the_best_checkpoint_alone_predicts_evaluates_and_exports_as_multilabel(
     network, classes and their names, task and eval preprocessing to predict.py, eval.py and
     export.py (whose ONNX file then evaluates the same, again with nothing else given)."""
     best = ml_run["ckpt"]
+    from src.deploy.records import read_model_record
+    periodic = [n for n in os.listdir(ml_run["out"]) if n.endswith(".ckpt") and "best" not in n]
+    assert periodic and all(read_model_record(os.path.join(ml_run["out"], name))
+                            == read_model_record(best) for name in periodic)
+    assert read_model_record(best).class_names == tuple(ml_run["classes"])
     image = os.path.join(MOSAICS, "val", "0001.jpg")
     line = json.loads(succeeded(run_in_process(
         "predict.py", "--checkpoint_path", best, "--image_path", image, "--top_k", "10")
