@@ -66,6 +66,7 @@ from src.models.bn_fold import fold_batchnorm
 from src.models.resnet import create_network
 from src.models.tta import with_tta
 from src.recipe import (
+    check_positive_labels,
     checkpoint_digest,
     eval_label_table,
     model_config,
@@ -206,6 +207,11 @@ class LabelFileScoring:
             **{k: loss[k] for k in ("asl_gamma_neg", "asl_gamma_pos", "asl_clip") if k in loss})
         self.loss_sum = 0.0
         files = self.labels.files if indices is None else [self.labels.files[i] for i in indices]
+        check_positive_labels(self.labels.targets if indices is None
+                              else self.labels.targets[indices],
+                              f"label_file {cfg.label_file}" + (
+                                  f" (the rows of split_file {cfg.split_file})"
+                                  if indices is not None else ""))
         self.report = MultiLabelReport(self.labels.class_names, files,
                                        thresholds=model_thresholds(model, model.class_num))
 

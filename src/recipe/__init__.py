@@ -54,6 +54,7 @@ from src.recipe.optimization import (
     training_model,
 )
 from src.recipe.splits import (
+    check_positive_labels,
     data_split,
     eval_label_table,
     held_out,
@@ -84,7 +85,8 @@ __all__ = [
     "build_evaluator", "distillation", "loss_class_weights", "loss_kwargs", "optimizer_kwargs",
     "step_recipe", "training_model",
     # splits
-    "data_split", "eval_label_table", "held_out", "label_classes", "label_table", "label_tables",
+    "check_positive_labels", "data_split", "eval_label_table", "held_out", "label_classes",
+    "label_table", "label_tables",
     "multilabel_pos_weight", "record_label_file_images", "record_run_images", "run_split",
     "split_indices",
 ]

@@ -12,7 +12,7 @@ from src.data.class_names import CIFAR10_CLASSES
 from src.data.mixing import BatchMixer
 from src.data.pipeline import class_names_of, count_images, create_dataset
 from src.data.settings import EvalPreprocess, Sampling, TrainAugment
-from src.recipe.splits import data_split, held_out, label_tables
+from src.recipe.splits import check_positive_labels, data_split, held_out, label_tables
 from src.training.loop import TrainPlan
 from src.training.resume import epoch_seed
 from src.utils.config import INT32_MAX, Config, ConfigError
@@ -76,8 +76,12 @@ def build_data(cfg: Config, rank: int, device_num: int) -> TrainData:
         split = data_split(cfg)
         train_indices, eval_args = split.train, dict(data_args, sampling=Sampling(
             indices=split.val))
+        if labels is not None and cfg.run_eval:
+            check_positive_labels(labels[0].targets[split.val],
+                                  f"val_split {cfg.val_split} of label_file {cfg.label_file}")
     elif labels is not None and labels[1] is not None:
         eval_args = dict(data_args, labels=labels[1])
+        check_positive_labels(labels[1].targets, f"eval_label_file {cfg.eval_label_file}")
     train_args = dict(data_args, settings=train_augment(cfg), sampling=Sampling(
         indices=train_indices, balance_classes=cfg.class_balance == "sampler", **shards))
     train_set = create_dataset(cfg.data_path, **train_args)

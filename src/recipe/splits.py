@@ -147,6 +147,19 @@ def data_split(cfg: Config) -> FolderSplit:
     return FolderSplit([(path, -1) for path in table.paths], train, val)
 
 
+def check_positive_labels(targets: np.ndarray, source: str) -> None:
+    """Refuse a multi-label evaluation set (float multi-hot ``targets`` (N, K)) with no
+    positive label at all: no class has a positive to rank, so mAP is undefined.
+
+    Raises:
+        ConfigError: Naming ``source`` (the label file, or the split that left them out).
+    """
+    if not np.asarray(targets).any():
+        raise ConfigError(f"{source}: none of its {len(targets)} images has a label, so no "
+                          f"class has a positive to rank and mAP is undefined; evaluate on "
+                          f"images with labels")
+
+
 def multilabel_pos_weight(cfg: Config) -> np.ndarray:
     """``class_balance loss`` of ``task multilabel``: each class's negatives / positives over
     the images the run trains on (``pos_weights``; torch's ``BCEWithLogitsLoss`` rule).
