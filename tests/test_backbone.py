@@ -93,10 +93,45 @@ def test_out_indices_select_maps_in_graph_mode():
     assert len(create_network("resnet18").feature_info) == 5  # a classifier lists every map
 
 
-@pytest.mark.parametrize("out_indices", [(), (5,), (-1, 2)])
+@pytest.mark.parametrize("out_indices", [(), (5,), (-1, 2), 2, (1.0,), (True,), "12", None])
 def test_out_indices_outside_0_to_4_are_refused(out_indices):
-    with pytest.raises(ValueError, match="out_indices must be a non-empty subset of"):
+    """Not a sequence of integers in 0..4 (an int, floats, bools, a string): a ValueError
+    naming the argument and the value, not Python's or MindSpore's TypeError."""
+    with pytest.raises(ValueError, match="out_indices must be a non-empty subset of") as error:
         create_network("resnet18", features_only=True, out_indices=out_indices)
+    assert repr(out_indices) in str(error.value)
+
+
+def test_unsorted_out_indices_give_the_maps_in_network_order():
+    """``out_indices=(3, 1, 3)``: layer1's map (64 channels, stride 4) then layer3's (256,
+    stride 16), as the docstring and docs/network.md say, each the map of its stage."""
+    net = create_network("resnet18", features_only=True, out_indices=(3, 1, 3))
+    net.set_train(False)
+    x = images(64)
+    maps = net(x)
+    assert [tuple(m.shape) for m in maps] == [(2, 64, 16, 16), (2, 256, 4, 4)]
+    assert [f["reduction"] for f in net.feature_info] == [4, 16]
+    stages = net.stage_maps(x)
+    np.testing.assert_array_equal(maps[0].asnumpy(), stages[1].asnumpy())
+    np.testing.assert_array_equal(maps[1].asnumpy(), stages[3].asnumpy())
+
+
+@pytest.mark.parametrize("class_num", ["a", 2.5, True, 0, -3, None])
+def test_bad_class_num_named_by_every_constructor(class_num):
+    """``resnet50(class_num='a')`` and the like: the ValueError ``class_num=0`` gives, naming
+    the argument and the value (before, Python's ``<`` or MindSpore's ``Dense`` TypeError)."""
+    for build in (resnet50, lambda class_num: create_network("resnet18", class_num=class_num)):
+        with pytest.raises(ValueError, match="class_num must be a positive integer") as error:
+            with no_init_parameters():
+                build(class_num)
+        assert repr(class_num) in str(error.value)
+
+
+def test_numpy_integer_class_num_and_out_indices_accepted():
+    with no_init_parameters():
+        net = resnet18(np.int64(3))
+        backbone = resnet18(features_only=True, out_indices=[np.int32(4)])
+    assert net.fc.out_channels == 3 and backbone.out_indices == (4,)
 
 
 def test_out_indices_without_features_only_are_refused():

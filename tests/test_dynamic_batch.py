@@ -153,3 +153,27 @@ def test_dynamic_batch_air_is_a_config_error(capsys):
     assert stop.value.code == 2
     assert "dynamic_batch true needs file_format ONNX or MINDIR (got AIR)" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("file_format", ["ONNX", "MINDIR"])
+def test_a_fixed_batch_file_is_refused_where_a_dynamic_one_was_asked(tmp_path, file_format):
+    """A real ResNet-18 export at 32 px with a fixed batch of 2: ``check_exported`` accepts
+    it as it is and refuses it, naming both batch dimensions, when a dynamic batch was
+    asked (the check export.py runs after writing); the same network exported with a
+    dynamic batch passes."""
+    from src.deploy.formats import FORMATS, check_exported, export_model
+    from src.utils.errors import WriteError
+
+    dummy = ms.Tensor(np.zeros((EXPORT_BATCH, 3, 32, 32), np.float32))
+    suffix = FORMATS[file_format].suffix
+    for name, dynamic_batch in (("fixed", False), ("dynamic", True)):
+        net = create_network("resnet18", class_num=10)  # one export each, as export.py
+        net.set_train(False)
+        export_model(net, dummy, str(tmp_path / name), file_format, dynamic_batch)
+    fixed, dynamic = (str(tmp_path / f"{name}{suffix}") for name in ("fixed", "dynamic"))
+    check_exported(fixed, file_format)
+    check_exported(dynamic, file_format, dynamic_batch=True)
+    with pytest.raises(WriteError) as refused:
+        check_exported(fixed, file_format, dynamic_batch=True)
+    assert str(refused.value) == (f"the exported {file_format} file declares a fixed batch "
+                                  f"(input 2, output 2) although dynamic_batch is true")

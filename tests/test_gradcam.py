@@ -42,7 +42,9 @@ def torch_grad_cam(tnet, images, classes):
     weights = maps.grad.mean((2, 3), keepdim=True)
     cam = F.relu((weights * maps).sum(1, keepdim=True))
     cam = F.interpolate(cam, size=images.shape[2:], mode="bilinear", align_corners=False)
-    return normalize_maps(cam[:, 0].detach().numpy()), logits.detach().numpy()
+    cam = cam[:, 0].detach().numpy()
+    peak = cam.max(axis=(1, 2), keepdims=True)
+    return cam / np.where(peak > 0, peak, 1), logits.detach().numpy()
 
 
 @pytest.fixture(params=["GRAPH", "PYNATIVE"])
@@ -55,23 +57,30 @@ def mode(request):
 
 
 @pytest.fixture(scope="module")
-def aligned():
+def aligned(tmp_path_factory):
     """Three shipped ImageNet photos at 64 px (layer4 2x2), a torch ResNet-18 with BatchNorm
-    statistics of those images and ours holding its weights; torch's Grad-CAM in float64 for
-    the predicted classes and for others, and its float32 error (the worse of its NCHW and
-    channels_last kernels, on one thread as in tests/test_alignment.py)."""
+    statistics of those images and ours holding its weights, class 0 never predicted (bias
+    -100); torch's Grad-CAM in float64 for the predicted classes, for others and for class 0,
+    and its float32 error (the worse of its NCHW and channels_last kernels, on one thread as
+    in tests/test_alignment.py). Returns (paths, images, net, references, the net's .ckpt)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        images = preprocess_images(imagenet_images()[::6][:3], EvalPreprocess(image_size=SIZE,
-                                                                              resize=SIZE))
+        paths = imagenet_images()[::6][:3]
+        images = preprocess_images(paths, EvalPreprocess(image_size=SIZE, resize=SIZE))
         tnet, net = reference_pair("resnet18", 10, seed=2, calibrate_on=images)
         tnet.eval()
+        with torch.no_grad():  # class 0 is never predicted (a bias moves no Grad-CAM map)
+            tnet.fc.bias[0] = -100.0
+        net.fc.bias.set_data(ms.Tensor(tnet.fc.bias.detach().numpy()))
+        ckpt = str(tmp_path_factory.mktemp("aligned") / "r18.ckpt")
+        ms.save_checkpoint(net, ckpt)  # before a GradCam prefixes its parameter names
         x = torch.from_numpy(images)
         with torch.no_grad():
             predicted = tnet(x).argmax(1).numpy()
+        assert 0 not in predicted
         references = []
-        for classes in (predicted, (predicted + 3) % 10):
+        for classes in (predicted, (predicted + 3) % 10, np.zeros_like(predicted)):
             exact, _ = torch_grad_cam(copy.deepcopy(tnet).double(), x.double(), classes)
             ref, _ = torch_grad_cam(tnet, x, classes)
             flipped, _ = torch_grad_cam(copy.deepcopy(tnet).to(memory_format=torch.channels_last),
@@ -80,14 +89,15 @@ def aligned():
             references.append((classes, exact, floor))
     finally:
         torch.set_num_threads(threads)
-    return images, net, references
+    return paths, images, net, references, ckpt
 
 
 def test_grad_cam_equals_torch(aligned, mode):
     """Ours against torch in float64 must be as close as torch's own float32 kernels are,
-    within 2x, for the predicted classes (-1) and for given ones; the classes -1 picks are
-    torch's predicted ones."""
-    images, net, references = aligned
+    within 2x, for the predicted classes (-1), for given ones and for class 0 (a class, not
+    "predicted"), each map divided by its own maximum (the three images' peaks differ); the
+    classes -1 picks are torch's predicted ones, 0 stays 0."""
+    _, images, net, references, _ = aligned
     cam = GradCam(net)
     for i, (classes, exact, floor) in enumerate(references):
         ours = grad_cam(cam, images, [-1] * len(images) if i == 0 else classes, batch_size=3)
@@ -99,12 +109,90 @@ def test_grad_cam_equals_torch(aligned, mode):
         assert diff <= 2 * floor
     _, chosen = cam(ms.Tensor(images), ms.Tensor(np.full(3, -1, np.int32)))
     np.testing.assert_array_equal(chosen.asnumpy(), references[0][0])
+    _, chosen = cam(ms.Tensor(images), ms.Tensor(np.zeros(3, np.int32)))
+    np.testing.assert_array_equal(chosen.asnumpy(), [0, 0, 0])
+    assert max_rel_diff(references[2][1], references[0][1]) > 0.1  # class 0's maps differ
+
+
+def test_the_three_reference_maps_peak_differently(aligned):
+    """The raw (unnormalized) maps of the aligned images have maxima at least 10% apart, so a
+    division by the batch's maximum would leave some below 1."""
+    _, images, net, references, _ = aligned
+    raw = GradCam(net)(ms.Tensor(images), ms.Tensor(np.full(3, -1, np.int32)))[0].asnumpy()
+    peaks = np.sort(raw.reshape(3, -1).max(axis=1))
+    assert peaks[0] < 0.9 * peaks[-1], peaks
 
 
 def test_maps_are_divided_by_their_maximum():
-    maps = np.array([[[0.0, 2.0], [1.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]]], np.float32)
+    """Each map by its own maximum (peaks 4 and 1 here), an all-zero map left 0."""
+    maps = np.array([[[0.0, 2.0], [1.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]],
+                     [[0.5, 0.0], [1.0, 0.25]]], np.float32)
     np.testing.assert_array_equal(normalize_maps(maps),
-                                  [[[0, 0.5], [0.25, 1]], [[0, 0], [0, 0]]])
+                                  [[[0, 0.5], [0.25, 1]], [[0, 0], [0, 0]],
+                                   [[0.5, 0], [1, 0.25]]])
+
+
+def test_seen_images_undo_the_normalization_to_the_pixels():
+    """Pixels chosen by hand, normalized by ImageNet's mean and std as the eval pipeline
+    does, come back exactly."""
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    pixels = np.array([[[[0, 128, 255], [12, 200, 37]], [[255, 0, 99], [64, 64, 64]]]],
+                      np.uint8)  # (1, 2, 2, 3)
+    normalized = ((pixels / 255.0 - mean) / std).transpose(0, 3, 1, 2).astype(np.float32)
+    np.testing.assert_array_equal(gradcam.seen_images(normalized, mean, std), pixels)
+
+
+def test_overlay_pixels_by_hand(tmp_path):
+    """An image of one colour (200, 100, 50) under a map of 0, 1 and 0.5 (jet: dark blue
+    (0, 0, 127.5), dark red (127.5, 0, 0)), blended half and half: (100, 50, 89) and
+    (164, 50, 25); written by ``write_cam`` as that PNG and the map as .npy."""
+    image = np.tile(np.array([200, 100, 50], np.uint8), (1, 3, 1))
+    cam_map = np.array([[0.0, 1.0, 0.5]], np.float32)
+    picture = gradcam.overlay(image, cam_map)
+    np.testing.assert_array_equal(picture[0, :2], [[100, 50, 89], [164, 50, 25]])
+    path = str(tmp_path / "a_cam.png")
+    gradcam.write_cam(path, image, cam_map, raw=True)
+    np.testing.assert_array_equal(np.asarray(Image.open(path))[0, :2],
+                                  [[100, 50, 89], [164, 50, 25]])
+    np.testing.assert_array_equal(np.load(str(tmp_path / "a_cam.npy")), cam_map)
+
+
+def test_eval_overlays_are_of_each_entrys_predicted_class(aligned, tmp_path, monkeypatch):
+    """``write_misclassified`` draws each entry's ``predicted`` class (with TTA not the plain
+    network's top class; here class 0, which the network never ranks first), 2 images per
+    pass: the maps equal torch's for class 0, the images the pixels of the preprocessed
+    images de-normalized here, the files numbered in entry order."""
+    paths, images, net, references, _ = aligned
+    _, exact, floor = references[2]
+    written = []
+    monkeypatch.setattr(gradcam, "write_cam", lambda path, image, cam_map: written.append(
+        (os.path.relpath(path, tmp_path), image, cam_map)))
+    entries = [{"image": path, "predicted": 0} for path in paths]
+    preprocess = EvalPreprocess(image_size=SIZE, resize=SIZE)
+    gradcam.write_misclassified(GradCam(net), entries, preprocess=preprocess,
+                                output_dir=str(tmp_path), batch_size=2)
+    stems = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    assert [w[0] for w in written] == [os.path.join("cam", f"{i:03d}_{s}.png")
+                                       for i, s in enumerate(stems)]
+    assert [e["cam"] for e in entries] == [f"cam/{i:03d}_{s}.png" for i, s in enumerate(stems)]
+    assert max_rel_diff(np.stack([w[2] for w in written]), exact) <= 2 * floor
+    seen = images.transpose(0, 2, 3, 1) * np.array(preprocess.std) + np.array(preprocess.mean)
+    seen = np.clip(np.rint(seen * 255), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(np.stack([w[1] for w in written]), seen)
+
+
+def test_predict_cam_class_0_draws_class_0(aligned, tmp_path):
+    """``--cam_class 0`` is class 0, not "the predicted class": the map predict.py writes
+    equals torch's of class 0 (which the network never predicts), not of its top class."""
+    paths, _, _, references, ckpt = aligned
+    succeeded(run_in_process(
+        "predict.py", *TINY, "--checkpoint_path", ckpt, "--image_path", paths[0],
+        "--cam_dir", tmp_path / "cams", "--cam_class", 0))
+    stem = os.path.splitext(os.path.basename(paths[0]))[0]
+    raw = np.load(str(tmp_path / "cams" / f"{stem}_cam.npy"))
+    _, exact, floor = references[2]
+    assert max_rel_diff(raw, exact[0]) <= 2 * floor
+    assert max_rel_diff(references[0][1][0], exact[0]) > 0.1  # the top class's map differs
 
 
 def test_cam_file_names_follow_the_sub_folders(tmp_path):

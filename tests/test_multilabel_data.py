@@ -81,8 +81,17 @@ def test_a_changed_file_is_read_again_and_tables_are_copies(labelled, tmp_path):
     first = read_label_file(csv, labelled["root"])
     first.targets[:] = 0
     first.files.append("x")
-    again = read_label_file(csv, labelled["root"])
+    again = read_label_file(csv, labelled["root"])  # from the cache
     assert again.files == labelled["files"][:1] and again.targets.tolist() == [[1]]
+    for table in (again, read_label_file(csv, labelled["root"])):  # cached returns changed
+        table.targets[:] = 0
+        table.files.append("x")
+        table.paths.clear()
+        table.class_names.append("x")
+    third = read_label_file(csv, labelled["root"])
+    assert third.files == labelled["files"][:1] and third.targets.tolist() == [[1]]
+    assert third.paths == [os.path.join(labelled["root"], labelled["files"][0])]
+    assert third.class_names == ["cat"]
     write_csv(csv, "image_name,tags", [(labelled["files"][0], "cat dog")])
     os.utime(csv, ns=(1, 1))  # another modification time, whatever the clock's resolution
     assert read_label_file(csv, labelled["root"]).class_names == ["cat", "dog"]
@@ -113,7 +122,18 @@ def error_cases(files):
         ("absolute path", "image_name,tags", [("/etc/x.jpg", "cat")] + good[:1], None,
          r"row 2 \('/etc/x\.jpg': absolute path\)"),
         ("path leaving data_path", "image_name,tags", good[:1] + [("../x.jpg", "cat")], None,
-         r"row 3 \('\.\./x\.jpg': leaves data_path\)"),
+         r"row 3 \('\.\./x\.jpg': contains '\.\.': give paths inside data_path without "
+         r"'\.\.'\)"),
+        ("'..' further in, leaving data_path", "image_name,tags",
+         good[:1] + [("img/../../x.jpg", "cat")], None,
+         r"row 3 \('img/\.\./\.\./x\.jpg': contains '\.\.'"),
+        ("'..' staying inside data_path", "image_name,tags",
+         good[:1] + [(files[1].replace("img/", "img/../img/"), "cat")], None,
+         r"inside it: row 3 \('img/\.\./img/.*': contains '\.\.': give paths inside "
+         r"data_path without '\.\.'\)$"),
+        ("duplicated row through '.'", "image_name,tags",
+         good[:2] + [(files[0].replace("img/", "img/./"), "cat")], None,
+         r"more than once.*: row 4 \(img/\./.*, as row 2\)$"),
         ("bad header", *_no_header(good), None, r"row 1 .* is no header"),
         ("three-column header", "a,b,c", good[:2], None, r"row 1 .* is no header"),
         ("wrong column count", "image_name,tags", good[:2] + [(files[2], "cat,dog")], None,
@@ -126,7 +146,7 @@ def _no_header(rows):
     return f"{rows[0][0]},{rows[0][1]}", rows[1:3]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(13))
 def test_each_error_names_its_rows(labelled, tmp_path, case):
     name, header, rows, classes, pattern = error_cases(labelled["files"])[case]
     csv = write_csv(tmp_path / "l.csv", header, rows)
@@ -163,6 +183,24 @@ def test_a_truncated_image_names_its_row(labelled, tmp_path):
                                                             ("img/cut.jpg", "dog")])
     with pytest.raises(LabelFileError, match=r"corrupt or truncated.*row 3 \(.*cut\.jpg\)"):
         read_label_file(csv, str(tmp_path))
+
+
+def test_the_full_check_runs_after_a_table_read_without_it(labelled, tmp_path):
+    """A PNG cut short passes ``check_images`` false (JPEG headers only) and is refused by
+    the full check, also right after the same file was read (and kept) without it."""
+    from PIL import Image
+
+    (tmp_path / "img").mkdir()
+    Image.open(os.path.join(labelled["root"], labelled["files"][0])).save(
+        tmp_path / "img" / "whole.png")
+    data = (tmp_path / "img" / "whole.png").read_bytes()
+    (tmp_path / "img" / "cut.png").write_bytes(data[:len(data) // 2])
+    csv = write_csv(tmp_path / "l.csv", "image_name,tags", [("img/whole.png", "cat"),
+                                                            ("img/cut.png", "dog")])
+    assert read_label_file(csv, str(tmp_path), check_images=False).files == [
+        "img/whole.png", "img/cut.png"]
+    with pytest.raises(LabelFileError, match=r"corrupt or truncated.*row 3 \(.*cut\.png\)"):
+        read_label_file(csv, str(tmp_path), check_images=True)
 
 
 def batches(dataset):
@@ -406,6 +444,20 @@ def test_split_fraction_and_rare_labels_on_both_sides(fraction):
         assert len(val) == round(fraction * 300)
         both = (y[train].sum(0) > 0) & (y[val].sum(0) > 0)
         assert both[y.sum(0) >= 2].all(), (fraction, seed, y.sum(0), y[val].sum(0))
+
+
+def test_split_deals_the_rarest_label_first():
+    """Four images, labels L0 {0, 2, 3}, L1 {1, 3}, L2 {3}, one held out (0.25): each side
+    wants r * n_l of each label, a label of >= 2 images at least 1 on each side, so train
+    wants (2, 1, 0.75) and validation (1, 1, 0.25), the sides take 3 and 1 images. Rarest
+    first (Sechidis et al. 2011): L2 deals image 3 to train (0.75 > 0.25), leaving train's
+    wants (1, 0, -0.25); L1 deals image 1 to validation (1 > 0), which is then full; L0's
+    images 0 and 2 go to train. Whatever the seed, validation is image 1. In label index
+    order L0 would deal 0, 2, 3 first, and validation would get one of them."""
+    y = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [1, 1, 1]], np.uint8)
+    for seed in range(10):
+        train, val = multilabel_split(y, 0.25, seed=seed)
+        assert (train.tolist(), val.tolist()) == ([0, 2, 3], [1]), seed
 
 
 def test_split_beats_a_random_split_on_label_distribution():

@@ -131,6 +131,17 @@ def test_tuned_thresholds_give_the_best_f1_of_every_candidate(decimals):
         targets[:, 0], scores[:, 0] >= 0.5))  # the direct count is scikit-learn's F1
 
 
+def test_a_tie_of_f1_takes_the_highest_cut():
+    """Scores 0.9 +, 0.8 -, 0.7 -, 0.6 +, 0.1 - (2 positives): F1 = 2 TP / (predicted + 2)
+    is 2/3 at the cut 0.9 (1 of 1) and at 0.6 (2 of 4), less elsewhere (1/2, 2/5, 4/7); the
+    highest cut wins, its threshold halfway down to 0.8: 0.85 (not 0.35, the cut 0.6's)."""
+    scores = np.array([[0.9], [0.8], [0.7], [0.6], [0.1]], np.float32)
+    targets = np.array([[1], [0], [0], [1], [0]])
+    assert [f1_at(scores[:, 0], targets[:, 0], c) for c in (0.9, 0.8, 0.7, 0.6, 0.1)] == \
+        pytest.approx([2 / 3, 1 / 2, 2 / 5, 2 / 3, 4 / 7])
+    assert tune_thresholds(scores, targets)[0] == pytest.approx(0.85, abs=1e-7)
+
+
 def test_a_threshold_between_adjacent_float32_scores_is_the_higher_score():
     low = np.float32(0.5)  # the halfway point rounds to even: to 0.5, the lower score
     high = np.nextafter(low, np.float32(1))

@@ -72,6 +72,20 @@ def test_thresholds_change_the_decisions_and_are_reported():
     out = fixed_report(thresholds=[0.5, 0.5, 0.7]).summary()
     assert out["per_class"][2]["threshold"] == 0.7  # the float32's shortest form
     assert out["exact_match"] == pytest.approx(3 / 5)  # image 2 is now right
+
+
+def test_largest_errors_are_decided_at_the_tuned_thresholds():
+    """Thresholds 0.25, 0.5, 0.7 (not 0.5 for all): image x2 (0.3, 0.8, 0.6; true b) is
+    predicted a and b, a false positive a, c below its 0.7; x4 (a 0.2, true a) still misses a;
+    x3 (a 0.7) a false positive."""
+    errors = {e["image"]: e for e in fixed_report(thresholds=[0.25, 0.5, 0.7]).summary()[
+        "largest_errors"]}
+    assert (errors["x2.jpg"]["predicted"], errors["x2.jpg"]["false_positives"],
+            errors["x2.jpg"]["false_negatives"]) == (["a", "b"], ["a"], [])
+    assert errors["x2.jpg"]["probabilities"] == pytest.approx({"a": 0.3, "b": 0.8})
+    assert errors["x4.jpg"]["false_negatives"] == ["a"]
+    assert errors["x1.jpg"]["predicted"] == ["a", "b"]  # 0.6, 0.7, and c 0.4 below 0.7
+    assert errors["x3.jpg"]["false_positives"] == ["a"]
     with pytest.raises(ValueError, match="expected one or 3"):
         MultiLabelReport(NAMES, thresholds=[0.5, 0.5])
 
@@ -139,3 +153,26 @@ def test_the_picture_has_one_panel_per_class_on_a_grid_of_sqrt_k_columns(tmp_pat
             assert drawn > 0.005, f"panel {k} is empty"
         else:
             assert drawn == 0, f"grid cell {k} has no class but is drawn on"
+
+
+def test_the_picture_marks_the_threshold_point_and_the_chance_line(tmp_path, monkeypatch):
+    """The figure drawn (caught before it is saved): on class a's panel at threshold 0.65
+    (predicted x0 and x3 of the positives x0, x1, x4) the point at recall 1/3 (x), precision
+    1/2 (y); the dashed chance line at the positive share 3/5; class b (threshold 0.5:
+    precision and recall 1) its line at 2/5; class c (no positive) neither."""
+    from src.deploy import multilabel_report
+
+    figures = []
+    monkeypatch.setattr(multilabel_report, "save_png",
+                        lambda fig, path, dpi: figures.append(fig))
+    fixed_report(thresholds=[0.65, 0.5, 0.7]).plot_pr_curves(str(tmp_path / "pr.png"))
+    (figure,) = figures
+    expected = {0: ((1 / 3, 1 / 2), 3 / 5), 1: ((1.0, 1.0), 2 / 5)}
+    for k, ((recall, precision), share) in expected.items():
+        lines = figure.axes[k].get_lines()
+        (point,) = [line for line in lines if line.get_marker() == "o"]
+        assert (list(point.get_xdata()), list(point.get_ydata())) == (
+            [pytest.approx(recall)], [pytest.approx(precision)]), k
+        (chance,) = [line for line in lines if line.get_linestyle() == "--"]
+        assert list(chance.get_ydata()) == pytest.approx([share, share]), k
+    assert not figure.axes[2].get_lines()

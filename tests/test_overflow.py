@@ -284,9 +284,10 @@ def test_clipping_comes_after_unscaling(path):
         np.testing.assert_allclose(scaled[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-def test_the_counter_is_training_state(tmp_path):
+def test_the_counter_is_training_state(tmp_path, caplog):
     """``overflow_count`` is saved with the training state: eval.py and --pre_trained ignore
-    it, resume restores it when present and accepts checkpoints written before it existed."""
+    it, resume restores it when present and accepts checkpoints written before it existed,
+    saying so in one line."""
     assert OVERFLOW_COUNTER.startswith(TRAINING_STATE_PREFIXES)
     assert OVERFLOW_COUNTER.startswith(NOT_REQUIRED)
     step = dynamic_step()
@@ -301,5 +302,8 @@ def test_the_counter_is_training_state(tmp_path):
     ms.save_checkpoint([{"name": p.name, "data": p} for p in step.get_parameters()
                         if p.name != OVERFLOW_COUNTER], older, append_dict={"train_step": 2})
     fresh = dynamic_step(seed=1)
+    caplog.clear()
     assert restore_training_state(fresh, older)[0] == 2
     assert int(fresh.overflow_count.asnumpy()) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "src.training.resume"]
+    assert said == [f"not in {older}, so kept as built: {OVERFLOW_COUNTER}"]

@@ -74,6 +74,26 @@ def test_without_the_picture_the_page_says_so_and_an_unknown_task_is_refused(tmp
                           eval_config="")
 
 
+@pytest.mark.parametrize("where", ["missing", "a folder"])
+def test_a_picture_that_cannot_be_read_is_a_note(tmp_path, where):
+    """The PR picture's path given but not readable (gone, or a folder: root reads any
+    file, so no mode bits): the page is built, the picture replaced by a note naming the
+    path and the system's reason."""
+    result = made_up_result(tmp_path, count=4, picture=False)
+    path = tmp_path / "pr_curves.png"
+    if where == "a folder":
+        path.mkdir()
+    page = build_report_page(result, output_dir=str(tmp_path), eval_config="",
+                             pr_curves=str(path))
+    root = parse(page)
+    assert not list(root.all("img", id="pr-curves"))
+    reason = "No such file or directory" if where == "missing" else "Is a directory"
+    notes = [p.content() for p in root.all("p", **{"class": "note"})]
+    assert [n for n in notes if n.startswith("precision-recall picture not shown: ")] == [
+        f"precision-recall picture not shown: {path}: [Errno {2 if where == 'missing' else 21}"
+        f"] {reason}: '{path}'"], notes
+
+
 # clicks the AP header twice and records the order of the AP column after each click
 AP_CLICKS = """<script>
 window.addEventListener('load', function () {

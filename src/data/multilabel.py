@@ -102,13 +102,15 @@ def label_file_classes(label_file: str) -> list[str]:
 
 
 def _bad_paths(rows: list[_Row]) -> list[str]:
-    """``"row N (PATH: why)"`` of empty, absolute or ``..`` image paths."""
+    """``"row N (PATH: why)"`` of empty, absolute or ``..`` image paths (any ``..``
+    component, wherever it leads: docs/data.md#multi-label-data-label_file)."""
     bad = []
     for row in rows:
         parts = row.file.replace("\\", "/").split("/")
         why = ("empty path" if not row.file else
                "absolute path" if os.path.isabs(row.file) or row.file.startswith(("/", "\\")) else
-               "leaves data_path" if ".." in parts else None)
+               "contains '..': give paths inside data_path without '..'" if ".." in parts
+               else None)
         if why:
             bad.append(f"row {row.number} ({row.file!r}: {why})")
     return bad

@@ -6,6 +6,7 @@ names as torchvision's (``conv1``, ``layer1.0.downsample.0``, ``fc``). Layout, M
 the backbone form and stochastic depth: docs/network.md.
 """
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +48,11 @@ def batch_norm(num_features: int, zero_init: bool = False) -> nn.BatchNorm2d:
     """BatchNorm2d equal to torch's defaults (eps 1e-5, momentum 0.1); gamma 1 (or 0), beta 0."""
     return nn.BatchNorm2d(num_features, eps=BN_EPS, momentum=BN_MOMENTUM,
                           gamma_init="zeros" if zero_init else "ones", beta_init="zeros")
+
+
+def is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 class ResidualBlock(nn.Cell):
@@ -142,16 +148,18 @@ class ResNet(nn.Cell):
         drop_path_rate (float): Stochastic depth in training, [0, 1); ``drop_path_seed`` (the
             run's seed) and ``shard_id`` (rank) key its draws: docs/network.md#stochastic-depth.
         features_only (bool): No ``fc``; the output is the maps of ``out_indices``
-            (``FEATURE_INDICES``; ``feature_info`` describes them).
+            (``FEATURE_INDICES``) in network order, whatever their order given (sorted,
+            repeats dropped; ``feature_info`` describes them).
 
     Inputs: float32 (N, 3, H, W) normalized images, H and W at least 32.
     Outputs: (N, class_num) logits, or the tuple of maps (N, C, ceil(H / stride), ceil(W / stride)).
 
     Raises:
-        ValueError: If ``class_num`` < 1, ``layers`` has not 4 entries, ``stem_pool_pad_mode``
-            is not in ``STEM_POOL_PAD_MODES``, ``drop_path_rate`` not in [0, 1),
-            ``out_indices`` not a non-empty subset of ``FEATURE_INDICES``, or other than
-            ``FEATURE_INDICES`` without ``features_only`` (a classifier would ignore it).
+        ValueError: If ``class_num`` is not an integer >= 1, ``layers`` has not 4 entries,
+            ``stem_pool_pad_mode`` is not in ``STEM_POOL_PAD_MODES``, ``drop_path_rate`` not in
+            [0, 1), ``out_indices`` not a non-empty sequence of integers of
+            ``FEATURE_INDICES``, or other than ``FEATURE_INDICES`` without ``features_only``
+            (a classifier would ignore it).
     """
 
     def __init__(self, block: type[ResidualBlock], layers: Sequence[int], *,
@@ -160,8 +168,8 @@ class ResNet(nn.Cell):
                  drop_path_seed: int = 0, shard_id: int = 0, features_only: bool = False,
                  out_indices: Sequence[int] = FEATURE_INDICES) -> None:
         super().__init__()
-        if class_num < 1:
-            raise ValueError(f"class_num must be a positive integer, got {class_num}")
+        if not is_integer(class_num) or class_num < 1:
+            raise ValueError(f"class_num must be a positive integer, got {class_num!r}")
         if len(layers) != 4:
             raise ValueError(f"layers must give 4 block counts, got {layers}")
         if stem_pool_pad_mode not in STEM_POOL_PAD_MODES:
@@ -169,9 +177,11 @@ class ResNet(nn.Cell):
                              f"got {stem_pool_pad_mode!r}")
         if not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
-        if not out_indices or not set(out_indices) <= set(FEATURE_INDICES):
-            raise ValueError(f"out_indices must be a non-empty subset of {FEATURE_INDICES}, "
-                             f"got {out_indices}")
+        if (not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes))
+                or not out_indices
+                or not all(is_integer(i) and i in FEATURE_INDICES for i in out_indices)):
+            raise ValueError(f"out_indices must be a non-empty subset of {FEATURE_INDICES} (a "
+                             f"sequence of integers), got {out_indices!r}")
         if not features_only and tuple(sorted(set(out_indices))) != FEATURE_INDICES:
             raise ValueError(f"out_indices {tuple(out_indices)} is only read with features_only "
                              f"(a backbone's maps); a classifier outputs its logits: pass "
@@ -181,7 +191,7 @@ class ResNet(nn.Cell):
         self.zero_init_residual = zero_init_residual
         self.drop_path_rate = float(drop_path_rate)
         self.features_only = features_only
-        self.out_indices = tuple(sorted(set(out_indices)))
+        self.out_indices = tuple(sorted({int(i) for i in out_indices}))  # network order
         rates = drop_path_rates(self.drop_path_rate, sum(layers))
         # the blocks with a rate > 0, in network order (timm adds no DropPath to the others),
         # and each block's row of the scales (-1: none)
@@ -207,7 +217,7 @@ class ResNet(nn.Cell):
         self.feature_info = [stages[i] for i in self.out_indices] if features_only else stages
         if not features_only:
             fc_in = STAGE_WIDTHS[-1] * block.expansion
-            self.fc = nn.Dense(fc_in, class_num,
+            self.fc = nn.Dense(fc_in, int(class_num),
                                weight_init=HeUniform(negative_slope=math.sqrt(5)),
                                bias_init=Uniform(1.0 / math.sqrt(fc_in)))
         if self.drop_path_blocks:

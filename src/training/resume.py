@@ -30,6 +30,7 @@ from src.utils.checkpoint import (
     checkpoint_name,
     compare,
     is_resumable,
+    load_leaving_some,
     periodic_checkpoints,
     position_of,
     read_checkpoint,
@@ -214,7 +215,17 @@ def restore_training_state(
         if p.name.startswith(GRAD_ACCUM_PREFIX):
             params[p.name] = ms.Parameter(ms.Tensor(np.zeros(p.shape, ms.dtype_to_nptype(
                 p.dtype))), name=p.name)
-    ms.load_param_into_net(train_network, params, strict_load=False)
+    not_loaded = load_leaving_some(train_network, params)
+    teacher = [n for n in not_loaded if n.startswith(KD_TEACHER_PREFIX)]
+    if teacher:
+        LOGGER.info("the %d parameters of the distillation teacher (%s*) are not loaded from "
+                    "the checkpoint: the teacher is loaded from kd_teacher", len(teacher),
+                    KD_TEACHER_PREFIX)
+    others = [n for n in not_loaded
+              if not n.startswith((KD_TEACHER_PREFIX, KD_LOSS_PREFIX) + NOT_RESTORED)]
+    if others:  # NOT_REQUIRED state an older checkpoint lacks
+        LOGGER.warning("not in %s, so kept as built: %s%s", path, ", ".join(others[:10]),
+                       f" and {len(others) - 10} more" if len(others) > 10 else "")
     return steps_done, config, best, epoch_loss
 
 

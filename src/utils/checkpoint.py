@@ -293,6 +293,24 @@ def stored_step(params: dict[str, Any]) -> int:
     return int(value.asnumpy().reshape(-1)[0])
 
 
+def load_leaving_some(net: nn.Cell, params: dict[str, Any]) -> list[str]:
+    """``ms.load_param_into_net(net, params, strict_load=False)`` without MindSpore's warning
+    listing every parameter of ``net`` not in ``params`` (270 names for a distillation
+    teacher); returns those names, for the caller to say what they are."""
+    from mindspore import log as ms_log
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "are not loaded" not in record.getMessage()
+
+    ms_logger = ms_log._get_logger()
+    ms_logger.addFilter(keep)
+    try:
+        not_loaded, _ = ms.load_param_into_net(net, params, strict_load=False)
+    finally:
+        ms_logger.removeFilter(keep)
+    return list(not_loaded)
+
+
 def compare(net: nn.Cell, params: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
     """Compare checkpoint parameters with a network's: (names missing from the checkpoint,
     names the network lacks but training state, ``"name: checkpoint shape vs network shape"``
