@@ -162,11 +162,13 @@ class FolderScoring:
         scores = {name: float(metric.eval()) for name, metric in self.metrics.items()}
         return scores, self.report.summary()
 
-    def write(self, summary, details, out, preprocess):
-        """Grad-CAM overlays, the result line, the confusion picture; returns the page's
-        extra keywords."""
+    def annotate(self, details, preprocess):
+        """The Grad-CAM overlays of the first misclassified images, named in their entries."""
+        add_cam_overlays(self.cfg, self.model, details["misclassified"], preprocess)
+
+    def write(self, summary, details, out):
+        """The result line and the confusion picture; returns the page's extra keywords."""
         cfg = self.cfg
-        add_cam_overlays(cfg, self.model, details["misclassified"], preprocess)
         worst = ", ".join("{name} {accuracy:.3f}".format(**c) for c in sorted(
             details["per_class"], key=lambda c: c["accuracy"])[:3])
         print(f"top-1 {summary['top1']:.4f}  top-5 {summary['top5']:.4f} over "
@@ -234,10 +236,12 @@ class LabelFileScoring:
         images = max(len(self.report.scores), 1)
         return {"mAP": details["mAP"], "loss": self.loss_sum / images}, details
 
-    def write(self, summary, details, out, preprocess):
+    def annotate(self, details, preprocess):
+        """Nothing: multi-label evaluations draw no Grad-CAM overlays."""
+
+    def write(self, summary, details, out):
         """The per-class tables and the precision-recall picture; returns the page's extra
         keywords."""
-        del preprocess
         tables = self.report.write_tables(self.cfg.output_dir)
         print(f"mAP {details['mAP']:.4f}, exact match {details['exact_match']:.4f}, macro F1 "
               f"{details['macro_f1']:.4f} over {summary['images']} images; {out}; per-class "
@@ -358,9 +362,10 @@ def main(argv=None):
     if cfg.split_file:
         summary["split_file"] = cfg.split_file  # the images evaluated: those it lists
     print(json.dumps(summary, indent=1))
+    scoring.annotate(details, preprocess)
     out = os.path.join(cfg.output_dir, "eval_result.json")
     atomic_write_text(out, json.dumps(dict(summary, **details), indent=1))
-    page_extras = scoring.write(summary, details, out, preprocess)
+    page_extras = scoring.write(summary, details, out)
     page = os.path.join(cfg.output_dir, "report.html")
     atomic_write_text(page, build_report_page(
         dict(summary, **details), output_dir=cfg.output_dir, eval_config=cfg.to_yaml(),

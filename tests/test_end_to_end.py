@@ -90,8 +90,9 @@ def test_eval_covers_every_image(checkpoint_eval):
 def test_eval_rejects_a_class_count_that_fits_neither_data_nor_checkpoint(trained):
     result = run_in_process("eval.py", *COMMON, "--checkpoint_path", trained["ckpt"],
                             "--data_path", trained["test"], "--class_num", "100")
-    assert result.returncode == 2
-    assert "has 10 class folders but class_num is 100" in result.stderr
+    assert result.returncode == 2  # the checkpoint records its 10 classes: both are named
+    assert (f"class_num 100: {trained['ckpt']} records class_num 10; pass --class_num 10 or "
+            f"leave class_num unset") in result.stderr
 
 
 def checkpoint_logits(ckpt, images):
@@ -168,13 +169,18 @@ def test_eval_of_exported_models_equals_the_checkpoint(trained, exported, checkp
         assert reports[fmt]["top1"] == reports["CKPT"]["top1"], fmt
         assert reports[fmt]["top5"] == reports["CKPT"]["top5"], fmt
         assert abs(reports[fmt]["loss"] - reports["CKPT"]["loss"]) < 1e-4, fmt
-    # an exported 10-class model evaluated as another class count: the file is named
+    # an exported 10-class model evaluated as another class count: the file and its record
+    # are named, and so is a folder of 5 classes with no class_num given
     five = copy_class_folders(trained["test"], str(tmp_path / "five"), 3,
                               classes=sorted(os.listdir(trained["test"]))[:5])
     result = run_in_process("eval.py", *COMMON, "--checkpoint_path", path, "--data_path", five,
                             "--class_num", "5", "--batch_size", "4")
     assert result.returncode == 2
-    assert f"{path} outputs 10 classes but class_num is 5" in result.stderr
+    assert f"class_num 5: {path} records class_num 10" in result.stderr
+    result = run_in_process("eval.py", "--checkpoint_path", path, "--data_path", five,
+                            "--batch_size", "4")
+    assert result.returncode == 2
+    assert f"data_path {five} has 5 class folders but class_num is 10" in result.stderr
 
 
 def test_export_air_off_ascend_is_a_clear_error(trained):

@@ -381,7 +381,7 @@ def test_predict_from_hub_cache_offline(tmp_path, hub_cache, r18_pair, repo):
         assert first["name"] == names[first["class"]]
     taken = "eval_image_size 80, eval_resize 80, eval_interpolation bicubic" if "a1" in repo \
         else "eval_image_size 64, eval_resize 73, eval_interpolation bilinear"
-    assert f"hf-hub:{repo}: taken from it: net_name resnet18, class_num 1000, {taken}" \
+    assert f"hf-hub:{repo}: taken from its record: net_name resnet18, class_num 1000, {taken}" \
         in result.stderr
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from src.data.transforms import decode_rgb
 from src.deploy.report import FULL_PLOT_CLASSES, TOP_CONFUSIONS, top_confusions
 from src.utils.curves import MetricsError, plot_runs, read_metrics
+from src.utils.tasks import DEFAULT_TASK, MULTICLASS, MULTILABEL
 
 SHOWN_IMAGES = 48  # misclassified images shown, most confident first
 THUMBNAIL_SIDE = 128  # px, longest side of an embedded image (JPEG)
@@ -319,8 +320,8 @@ def multilabel_sections(result: dict, *, output_dir: str, shown: int, exif_trans
              errors_section(result["largest_errors"], shown, exif_transpose))]
 
 
-PAGE_KINDS = {"multiclass": (HEADLINE, multiclass_sections),  # result["task"] -> its page
-              "multilabel": (MULTILABEL_HEADLINE, multilabel_sections)}
+PAGE_KINDS = {MULTICLASS.name: (HEADLINE, multiclass_sections),  # result["task"] -> its page
+              MULTILABEL.name: (MULTILABEL_HEADLINE, multilabel_sections)}
 
 
 def build_report_page(result: dict, *, output_dir: str, eval_config: str,
@@ -346,7 +347,7 @@ def build_report_page(result: dict, *, output_dir: str, eval_config: str,
     Raises:
         ValueError: If ``result["task"]`` is not a key of ``PAGE_KINDS``.
     """
-    task = result.get("task", "multiclass")
+    task = result.get("task", DEFAULT_TASK.name)
     if task not in PAGE_KINDS:
         raise ValueError(f"task {task!r}: the report page knows {', '.join(PAGE_KINDS)}")
     items, task_sections = PAGE_KINDS[task]

@@ -71,7 +71,7 @@ def recorded_model(cfg: Config) -> ModelRecord:
                       if key in values}
         record = record.filled(ModelRecord(net_name=values["net_name"],
                                            class_num=values.get("class_num"),
-                                           preprocess=preprocess or None, tta=TTA_MODES[0]))
+                                           preprocess=preprocess or None))
     if record.tta is not None and record.tta not in TTA_MODES:
         raise RecordError(f"{record.source or source}: tta {record.tta!r} is not one of "
                           f"{', '.join(TTA_MODES)}")
@@ -126,18 +126,18 @@ def resolve_model(cfg: Config) -> ModelRecord:
         tta=recorded.tta if graph or user_tta is None and recorded.tta else cfg.tta,
         preprocess=preprocess, source=where)
     taken = {k: v for k, v in model_config_values(model).items()
-             if k not in cfg.user_keys and cfg.get(k) != v}
+             if k not in cfg.user_keys and k in model_config_values(recorded)}
     if taken:
-        LOGGER.info("%s: from its model record: %s", where,
+        LOGGER.info("%s: taken from its record: %s", source,
                     ", ".join(f"{k} {v}" for k, v in taken.items()))
     return model
 
 
 def model_config_values(model: ModelRecord) -> dict:
-    """The config keys of a resolved model: network, class count, task, tta, eval
-    preprocessing."""
-    values = {"net_name": model.net_name, "class_num": model.class_num, "task": model.task,
-              "tta": model.tta}
+    """The config keys of a model's recorded values: network, class count, task, tta, eval
+    preprocessing (those it records)."""
+    values = {key: getattr(model, key) for key in (*IDENTITY_KEYS, "tta")
+              if getattr(model, key) is not None}
     values.update({key: model.preprocess[field] for field, key in PREPROCESS_CONFIG_KEYS.items()
                    if model.preprocess and field in model.preprocess})
     return values
