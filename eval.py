@@ -58,7 +58,7 @@ from src.data.settings import Sampling
 from src.deploy import formats, gradcam
 from src.deploy.inference import load_network
 from src.deploy.multilabel_report import MultiLabelReport
-from src.deploy.outputs import model_thresholds
+from src.deploy.outputs import model_probabilities, model_thresholds
 from src.deploy.records import write_tuned_thresholds
 from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
@@ -220,7 +220,7 @@ class LabelFileScoring:
     def update(self, logits, labels):
         losses = self.loss_fn(ms.Tensor(logits), ms.Tensor(labels)).asnumpy()
         self.loss_sum += float(losses.astype(np.float64).sum())
-        self.report.update(self.model.task_object.probabilities(logits), labels)
+        self.report.update(model_probabilities(logits, self.model), labels)
 
     def result(self):
         """(the summary's scores, the per-class details), thresholds tuned first if asked."""

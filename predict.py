@@ -41,7 +41,7 @@ from src.data.image_check import set_max_image_pixels
 from src.data.multilabel import read_label_file
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network
-from src.deploy.outputs import labels_above, model_thresholds
+from src.deploy.outputs import labels_above, model_probabilities, model_thresholds
 from src.recipe import check_unused_keys, model_config, model_preprocess, resolve_model
 from src.utils import device
 from src.utils.cli import run_entry_point
@@ -49,7 +49,7 @@ from src.utils.config import ConfigError, parse_config
 from src.utils.files import check_output_dir
 from src.utils.logger import get_logger
 from src.utils.progress import Progress
-from src.utils.tasks import DEFAULT_TASK, get_task
+from src.utils.tasks import get_task
 
 SECTIONS = ("network", "data", "device", "model file", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
@@ -73,10 +73,10 @@ def check_class_count(cfg, outputs):
                           f"{cfg.class_num}: pass --class_num {outputs}")
 
 
-def predict_in_batches(predict, paths, batch_size, preprocess, *, task=DEFAULT_TASK):
+def predict_in_batches(predict, paths, batch_size, preprocess, *, model):
     """Classify images a batch at a time: only ``batch_size`` images are read and held at
-    once, whatever the number of paths. Probabilities by ``task`` (a ``Task``: softmax, or a
-    sigmoid per class).
+    once, whatever the number of paths. Probabilities as the ``model`` record says
+    (``model_probabilities``: its task's softmax or sigmoid, its calibration temperature).
 
     Args:
         predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K).
@@ -85,12 +85,12 @@ def predict_in_batches(predict, paths, batch_size, preprocess, *, task=DEFAULT_T
         preprocess (EvalPreprocess): The eval preprocessing (``preprocess_images``).
 
     Yields:
-        tuple(list[str], numpy.ndarray): The paths of a batch and their class probabilities,
-        float (len(batch), K).
+        tuple(list[str], numpy.ndarray, numpy.ndarray): The paths of a batch, their logits and
+        their class probabilities, float (len(batch), K).
     """
     for batch in chunks(paths, batch_size):
-        yield batch, task.probabilities(predict(inference.preprocess_images(batch,
-                                                                            preprocess)))
+        logits = predict(inference.preprocess_images(batch, preprocess))
+        yield batch, logits, model_probabilities(logits, model)
 
 
 def top_classes(probs, names, top_k):
@@ -190,8 +190,8 @@ def main(argv=None):
     truth = true_labels(cfg, names)
     checked = False
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
-        for batch, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
-                                               task=model.task_object):
+        for batch, _, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
+                                                  model=model):
             if not checked:
                 check_class_count(cfg, probs.shape[1])
                 checked = True

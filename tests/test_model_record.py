@@ -241,3 +241,20 @@ def test_eval_on_a_multilabel_onnx_needs_no_class_num(exports, tmp_path):
     assert [c["name"] for c in evaluated["per_class"]] == list(NAMES)
     assert evaluated["loss_name"] == "bce (label_smoothing 0.0)"
     assert np.isfinite(evaluated["loss"])
+
+
+def test_model_probabilities_apply_the_recorded_temperature():
+    import torch
+
+    from src.deploy.outputs import model_probabilities
+    logits = np.random.default_rng(4).standard_normal((6, 10)).astype(np.float32) * 5
+    for temperature in (None, 0.5, 2.0):
+        got = model_probabilities(logits, MULTICLASS_RECORD.with_values(temperature=temperature))
+        expected = torch.softmax(torch.from_numpy(logits) / (temperature or 1.0), 1).numpy()
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, expected, rtol=4 * np.finfo(np.float32).eps, atol=1e-9)
+    sig = model_probabilities(logits[:, :5], MULTILABEL_RECORD.with_values(temperature=2.0))
+    np.testing.assert_allclose(sig, torch.sigmoid(torch.from_numpy(logits[:, :5]) / 2).numpy(),
+                               rtol=4 * np.finfo(np.float32).eps, atol=1e-9)
+    with pytest.raises(RecordError, match="field temperature is -1"):
+        MULTICLASS_RECORD.with_values(temperature=-1.0)

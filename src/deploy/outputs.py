@@ -11,7 +11,8 @@ from src.utils.model_record import ModelRecord
 from src.utils.multilabel_metrics import DEFAULT_THRESHOLD
 from src.utils.tasks import TASKS, Task, get_task, softmax
 
-__all__ = ["TASKS", "labels_above", "model_thresholds", "probabilities", "softmax"]
+__all__ = ["TASKS", "labels_above", "model_probabilities", "model_thresholds", "probabilities",
+           "softmax"]
 
 
 def probabilities(logits: np.ndarray, task: "str | Task") -> np.ndarray:
@@ -23,6 +24,20 @@ def probabilities(logits: np.ndarray, task: "str | Task") -> np.ndarray:
         ValueError: If ``task`` is not one of ``TASKS``.
     """
     return get_task(task).probabilities(np.asarray(logits))
+
+
+def model_probabilities(logits: np.ndarray, model: ModelRecord) -> np.ndarray:
+    """The probabilities a model file's record says its logits (N, K) mean: its task's
+    ``probabilities`` of the logits divided by its calibration ``temperature`` (none
+    recorded: 1). Every eval and predict path goes through it.
+
+    Raises:
+        ValueError: If the record's task is not one of ``TASKS``.
+    """
+    logits = np.asarray(logits)
+    if model.temperature is not None:
+        logits = logits / np.asarray(model.temperature, logits.dtype)
+    return model.task_object.probabilities(logits)
 
 
 def model_thresholds(record: ModelRecord | None, class_num: int) -> np.ndarray:
