@@ -62,11 +62,17 @@ def listening_socket(host, port):
     return sock
 
 
-def main(argv=None):
-    """Serve as configured by ``argv`` until SIGTERM or SIGINT; return 0."""
-    given = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+def build(given):
+    """The server of a parsed config ``given``: the model file's record resolved as predict.py
+    resolves it, the batching and limits checked, the loader ready to run.
+
+    Returns:
+        tuple(Service, Config): The service (``create_app`` serves it) and the resolved config.
+
+    Raises:
+        ConfigError, RecordError, MissingFileError: For a bad value or model file.
+    """
     set_max_image_pixels(given.max_image_pixels)
-    logger = get_logger("serve")
     check_serve_config(given)
     formats.check_runtime(given.checkpoint_path, given.runtime, given.device_target)
     model = resolve_model(given)  # the model file's record; the config for what it lacks
@@ -74,10 +80,17 @@ def main(argv=None):
     preprocess = model_preprocess(cfg, model)
     settings = serve_settings(cfg)
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
-    sock = listening_socket(cfg.host, cfg.port)
-
     service = Service(record=model, preprocess=preprocess, settings=settings,
                       load=serve_loader(cfg, preprocess, settings), info=serve_info(cfg))
+    return service, cfg
+
+
+def main(argv=None):
+    """Serve as configured by ``argv`` until SIGTERM or SIGINT; return 0."""
+    given = parse_config(argv, description=__doc__.split("\n")[0], sections=SECTIONS)
+    logger = get_logger("serve")
+    service, cfg = build(given)
+    sock = listening_socket(cfg.host, cfg.port)
     server = uvicorn.Server(uvicorn.Config(
         create_app(service, stop_timeout=cfg.shutdown_timeout), lifespan="on",
         access_log=False, timeout_graceful_shutdown=cfg.shutdown_timeout))

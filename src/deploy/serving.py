@@ -9,6 +9,7 @@ See docs/serving.md.
 import asyncio
 import base64
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +49,8 @@ RAW_TYPES = ("image/", "application/octet-stream")
 """Content types of a raw body taken as one image (``image/*`` by prefix)."""
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """Buckets of the batch-size histogram (images per batch)."""
+BUFFER_REPR = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>")
+"""Pillow's name of an in-memory image in its errors, left out of ours."""
 MINDSPORE_LOCK = threading.Lock()
 """Held by every MindSpore call of the server (a forward, a Grad-CAM): MindSpore 2.10 crashes
 when two threads run its graphs at once."""
@@ -207,9 +210,10 @@ class Service:
         try:
             return preprocess_encoded(np.frombuffer(data, np.uint8), ops, name)
         except ImageFolderError as err:
-            if MAX_PIXELS_WORDS in str(err):
-                raise Problem(413, "too_many_pixels", str(err)) from None
-            raise Problem(400, "undecodable_image", f"{err} (a JPEG, PNG or BMP image is "
+            message = BUFFER_REPR.sub("", str(err))  # Pillow names the buffer it read
+            if MAX_PIXELS_WORDS in message:
+                raise Problem(413, "too_many_pixels", message) from None
+            raise Problem(400, "undecodable_image", f"{message} (a JPEG, PNG or BMP image is "
                                                     f"expected)") from None
 
 

@@ -4,6 +4,7 @@ batching and limits (``serve_settings``: a fixed-batch export's own batch), what
 (``serve_loader``: the model file's predictor as predict.py loads it, its batch shapes and
 lock, the Grad-CAM pictures where the file has weights). See docs/serving.md.
 """
+import os
 from collections.abc import Callable
 
 from src.data.settings import EvalPreprocess
@@ -17,7 +18,8 @@ from src.deploy.serving import (
     cam_drawer,
 )
 from src.utils.config import Config, ConfigError
-from src.utils.errors import UserError
+from src.utils.errors import MissingFileError, UserError
+from src.utils.hub import HUB_PREFIX
 
 PORT_MAX = 65535
 MIB = 1 << 20
@@ -27,14 +29,18 @@ POSITIVE_SERVE_KEYS = ("max_batch_size", "inference_threads", "decode_threads",
 
 
 def check_serve_config(cfg: Config) -> None:
-    """Check the serve keys (``checkpoint_path`` given, counts positive, the port a port).
+    """Check the serve keys (``checkpoint_path`` given and there, counts positive, the port a
+    port) before anything loads.
 
     Raises:
-        ConfigError: Naming the key and its value.
+        ConfigError, MissingFileError: Naming the key and its value.
     """
     if not cfg.checkpoint_path:
         raise ConfigError("checkpoint_path is empty: give a .onnx, .mindir or .ckpt file, a "
                           "SAFETENSORS folder or an hf-hub: id")
+    path = cfg.checkpoint_path
+    if not path.startswith(HUB_PREFIX) and not os.path.exists(path):
+        raise MissingFileError(f"checkpoint_path {path}: no such file or folder")
     for key in POSITIVE_SERVE_KEYS:
         if cfg[key] <= 0:
             raise ConfigError(f"{key} must be > 0, got {cfg[key]}")
