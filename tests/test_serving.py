@@ -165,14 +165,15 @@ def test_requests_within_the_wait_share_a_batch_and_get_their_own_rows():
         calls.append(len(images))
         return images.reshape(len(images), -1)[:, :2] * 2
 
-    batcher = DynamicBatcher(forward, max_batch_size=6, max_wait_ms=300, buckets=(1, 2, 4, 8))
-    try:
-        inputs = [np.full((n, 3, 2, 2), i, np.float32) for i, n in enumerate((1, 2, 2, 3), 1)]
-        futures = [batcher.submit(x) for x in inputs]
-        results = [f.result(TIMEOUT) for f in futures]
-    finally:
-        batcher.stop(TIMEOUT)
-    for i, (x, out) in enumerate(zip(inputs, results), 1):
+    batcher = DynamicBatcher(forward, max_batch_size=6, max_wait_ms=TIMEOUT * 1000,
+                             buckets=(1, 2, 4, 8))
+    inputs = [np.full((n, 3, 2, 2), i, np.float32) for i, n in enumerate((1, 2, 2, 3), 1)]
+    futures = [batcher.submit(inputs[0])]
+    time.sleep(0.1)  # the first request waits for the others
+    futures += [batcher.submit(x) for x in inputs[1:]]
+    batcher.stop(TIMEOUT)  # runs what waits at once
+    for i, (x, future) in enumerate(zip(inputs, futures), 1):
+        out = future.result(0)
         assert out.shape == (len(x), 2) and (out == 2 * i).all()
     # 1 + 2 + 2 = 5 images padded to 8; the 3 that do not fit in 6 come in the next batch
     assert calls == [8, 4]
@@ -282,6 +283,8 @@ def test_each_bad_input_is_a_4xx_json_error_naming_it_and_the_server_keeps_servi
                        "void.jpg"),
         "body over the limit": (dict(content=good * 4, headers={"Content-Type": "image/jpeg"}),
                                 413, "request_too_large", f"{int(len(good) * 3.5)} bytes"),
+        "chunked body over the limit": (dict(content=iter([good] * 4), headers={
+            "Content-Type": "image/jpeg"}), 413, "request_too_large", "bytes"),
         "too many images": (dict(files=[("image", (f"{i}.jpg", good)) for i in range(3)]), 413,
                             "too_many_images", "at most 2"),
         "too many pixels": (dict(content=png_bytes(300, 200), headers={

@@ -226,16 +226,12 @@ def problem_response(problem: Problem, metrics: Metrics) -> JSONResponse:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request's body, at most ``limit`` bytes (held in memory). Problem 413 past it."""
-    too_large = Problem(413, "request_too_large", f"the request body is larger than the "
-                                                  f"limit of {limit} bytes (max_request_mb)")
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large
     parts, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise too_large
+        if size > limit:  # before the rest is read
+            raise Problem(413, "request_too_large", f"the request body is larger than the limit "
+                                                    f"of {limit} bytes (max_request_mb)")
         parts.append(chunk)
     return b"".join(parts)
 
