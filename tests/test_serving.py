@@ -33,7 +33,7 @@ from src.deploy.serving import LoadedModel, ServeSettings, Service, create_app
 from src.models.resnet import create_network
 from src.utils import device
 from src.utils.checkpoint import RECORD_KEY
-from src.utils.config import parse_config
+from src.utils.config import ConfigError, parse_config
 from src.utils.model_record import ModelRecord
 from tests.helpers import (
     CIFAR_SAMPLE,
@@ -419,6 +419,24 @@ def test_a_model_that_fails_to_load_says_so_on_health():
     assert health.json() == {"status": "failed", "error": "weights unreadable"}
 
 
+def test_the_page_escapes_the_models_names_and_says_why_there_is_no_grad_cam():
+    from src.deploy.serve_page import page_html
+
+    record = ModelRecord(net_name="resnet18", class_num=2,
+                         class_names=("<b>cat</b>", "dog</script><script>x()</script>"))
+    page = page_html({"model_record": record.to_dict(), "model_file": "m<1>.onnx",
+                      "runtime": "onnxruntime", "cam_note": "m.onnx is an <exported> graph"})
+    assert "<b>cat</b>" not in page and "</script><script>x()" not in page
+    assert "m&lt;1&gt;.onnx" in page
+    assert 'id="cam" type="checkbox" disabled' in page
+    assert "not for this model file: m.onnx is an &lt;exported&gt; graph" in page
+    embedded = page.split('id="metadata">')[1].split("</script>")[0]
+    assert json.loads(embedded)["model_record"]["class_names"][1] == \
+        "dog</script><script>x()</script>"
+    with_cam = page_html({"model_record": record.to_dict(), "cam_note": None})
+    assert 'id="cam" type="checkbox" >' in with_cam
+
+
 # ---- start-up refusals: one line, exit 2 ----
 
 def test_bad_start_up_values_are_one_line_and_exit_2(tmp_path):
@@ -553,10 +571,9 @@ def test_answers_are_predict_pys_for_every_model_kind(models, kind):
 
 @pytest.mark.slow
 def test_a_fixed_batch_export_refuses_another_max_batch_size(models):
-    result = run_in_process("serve.py", "--checkpoint_path", models["files"]["fixed"],
-                            "--max_batch_size", "8")
-    assert result.returncode == 2
-    line = result.stderr.strip().splitlines()[-1]
+    with pytest.raises(ConfigError) as refused:  # before any port opens (exit 2: above)
+        built("--checkpoint_path", models["files"]["fixed"], "--max_batch_size", "8")
+    line = str(refused.value)
     assert "fixed batch of 2" in line and "--max_batch_size 2" in line and \
         "--dynamic_batch true" in line, line
 

@@ -6,11 +6,13 @@ model (class names) is set as text, never as HTML. See docs/serving.md#the-page.
 """
 import html
 import json
+import os
 import re
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <title>__TITLE__</title>
 <style>
 body { font: 15px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
@@ -128,7 +130,8 @@ def page_html(metadata: dict) -> str:
     """The page for a server whose ``/metadata`` is ``metadata`` (names and notes escaped;
     the metadata embedded as JSON for the script)."""
     record = metadata.get("model_record") or {}
-    title = f"{record.get('net_name') or 'model'}: {metadata.get('model_file', '')}"
+    title = f"{record.get('net_name') or 'model'}: " \
+            f"{os.path.basename(metadata.get('model_file', '').rstrip('/'))}"
     classes = record.get("class_num")
     subtitle = (f"{record.get('task') or 'multiclass'}, {classes} classes, runtime "
                 f"{metadata.get('runtime', '?')}; answers as predict.py prints them")
