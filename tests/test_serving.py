@@ -68,6 +68,26 @@ def read(path):
         return f.read()
 
 
+def saved_checkpoint(path, seed, **record):
+    """A ResNet-18 of random weights (``seed``) saved at ``path`` with a model record: 10
+    named classes, 64 px, and the fields ``record`` gives; returns ``path``."""
+    ms.set_seed(seed)
+    values = dict(net_name="resnet18", class_num=CLASSES, class_names=NAMES, tta="none",
+                  task="multiclass", preprocess={"image_size": SIDE, "resize": RESIZE,
+                                                 "interpolation": "bilinear"})
+    ms.save_checkpoint(create_network("resnet18", class_num=CLASSES), str(path),
+                       append_dict={RECORD_KEY: ModelRecord(**{**values, **record}).to_json()})
+    return str(path)
+
+
+def copied_images(folder, paths):
+    """``paths`` copied into the new ``folder`` (one level); the copies' paths, sorted."""
+    os.makedirs(folder)
+    for path in paths:
+        shutil.copy(path, os.path.join(folder, os.path.basename(path)))
+    return sorted(os.path.join(folder, os.path.basename(p)) for p in paths)
+
+
 # ---- a server in a thread of the test process ----
 
 def fake_logits(images):
@@ -473,14 +493,7 @@ def models(tmp_path_factory):
     temperature of 1.5 in its record) and its exports: dynamic-batch ONNX, int8 ONNX and
     MINDIR, a fixed batch-2 ONNX and a SAFETENSORS folder; the sample images in a folder."""
     folder = tmp_path_factory.mktemp("serve_models")
-    ckpt = str(folder / "r18.ckpt")
-    ms.set_seed(7)
-    record = ModelRecord(net_name="resnet18", class_num=CLASSES, class_names=NAMES,
-                         task="multiclass", tta="none", temperature=1.5,
-                         preprocess={"image_size": SIDE, "resize": RESIZE,
-                                     "interpolation": "bilinear"})
-    ms.save_checkpoint(create_network("resnet18", class_num=CLASSES), ckpt,
-                       append_dict={RECORD_KEY: record.to_json()})
+    ckpt = saved_checkpoint(folder / "r18.ckpt", 7, temperature=1.5)
     files = {"ckpt": ckpt}
     exports = {"onnx": ("ONNX", "--dynamic_batch", "true"),
                "int8": ("ONNX", "--dynamic_batch", "true", "--quantize", "int8",
@@ -494,12 +507,8 @@ def models(tmp_path_factory):
         succeeded(run_in_process("export.py", "--checkpoint_path", ckpt, "--file_format",
                                  file_format, *extra, "--file_name", stem))
         files[name] = stem + {"ONNX": ".onnx", "MINDIR": ".mindir"}.get(file_format, "")
-    images = folder / "images"
-    images.mkdir()
-    for path in sample_images():
-        shutil.copy(path, images / os.path.basename(path))
-    return {"files": files, "images": str(images),
-            "paths": sorted(str(images / n) for n in os.listdir(images))}
+    paths = copied_images(str(folder / "images"), sample_images())
+    return {"files": files, "images": os.path.dirname(paths[0]), "paths": paths}
 
 
 def printed(models, kind):
@@ -580,26 +589,16 @@ def test_a_fixed_batch_export_refuses_another_max_batch_size(models):
 
 @pytest.mark.slow
 def test_multi_label_answers_list_the_labels_above_the_records_thresholds(tmp_path):
-    ckpt = str(tmp_path / "ml.ckpt")
-    ms.set_seed(11)
-    thresholds = tuple(round(0.3 + 0.04 * k, 2) for k in range(CLASSES))
-    record = ModelRecord(net_name="resnet18", class_num=CLASSES, class_names=NAMES,
-                         task="multilabel", thresholds=thresholds, tta="none",
-                         preprocess={"image_size": SIDE, "resize": RESIZE,
-                                     "interpolation": "bilinear"})
-    ms.save_checkpoint(create_network("resnet18", class_num=CLASSES), ckpt,
-                       append_dict={RECORD_KEY: record.to_json()})
-    images = tmp_path / "images"
-    images.mkdir()
-    for path in sample_images():
-        shutil.copy(path, images / os.path.basename(path))
+    ckpt = saved_checkpoint(tmp_path / "ml.ckpt", 11, task="multilabel",
+                            thresholds=tuple(round(0.3 + 0.04 * k, 2) for k in range(CLASSES)))
+    paths = copied_images(str(tmp_path / "images"), sample_images())
     result = succeeded(run_in_process("predict.py", "--checkpoint_path", ckpt, "--image_path",
-                                      images, "--top_k", "3"))
+                                      os.path.dirname(paths[0]), "--top_k", "3"))
     expected = {os.path.basename(json.loads(line)["image"]): json.loads(line)
                 for line in result.stdout.splitlines()}
     service = built("--checkpoint_path", ckpt, "--max_batch_size", "2", "--top_k", "3")
     with serving(service) as url:
-        answers = ask_concurrently(url, sorted(str(images / n) for n in expected))
+        answers = ask_concurrently(url, paths)
     assert any(line["labels"] for line in expected.values())  # some image has labels
     for name, line in expected.items():
         assert [e["class"] for e in answers[name]["labels"]] == \

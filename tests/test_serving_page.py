@@ -7,28 +7,22 @@ import base64
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import time
 
 import httpx
-import mindspore as ms
 import pytest
 
-from src.models.resnet import create_network
-from src.utils.checkpoint import RECORD_KEY
-from src.utils.model_record import ModelRecord
 from tests.helpers import run_in_process, succeeded
 from tests.test_report_page import CHROMIUM, CHROMIUM_FLAGS
 from tests.test_serving import (
-    CLASSES,
-    NAMES,
-    RESIZE,
     ROUNDING,
     SIDE,
     TIMEOUT,
     built,
+    copied_images,
     sample_images,
+    saved_checkpoint,
     serving,
 )
 
@@ -119,21 +113,10 @@ SHOWN = """JSON.stringify(Array.from(document.querySelectorAll('.answer')).map(b
 @pytest.mark.slow
 def test_an_upload_on_the_page_shows_predict_pys_answers_and_the_grad_cam(tmp_path):
     require_chromium()
-    ckpt = str(tmp_path / "r18.ckpt")
-    ms.set_seed(3)
-    record = ModelRecord(net_name="resnet18", class_num=CLASSES, class_names=NAMES,
-                         task="multiclass", tta="none",
-                         preprocess={"image_size": SIDE, "resize": RESIZE,
-                                     "interpolation": "bilinear"})
-    ms.save_checkpoint(create_network("resnet18", class_num=CLASSES), ckpt,
-                       append_dict={RECORD_KEY: record.to_json()})
-    images = tmp_path / "images"
-    images.mkdir()
-    chosen = sample_images()[:2]
-    for path in chosen:
-        shutil.copy(path, images / os.path.basename(path))
+    ckpt = saved_checkpoint(tmp_path / "r18.ckpt", 3)
+    chosen = copied_images(str(tmp_path / "images"), sample_images()[:2])
     result = succeeded(run_in_process("predict.py", "--checkpoint_path", ckpt, "--image_path",
-                                      images))
+                                      os.path.dirname(chosen[0])))
     expected = {os.path.basename(line["image"]): line for line in map(
         json.loads, result.stdout.splitlines())}
     service = built("--checkpoint_path", ckpt, "--max_batch_size", "2")
@@ -147,7 +130,7 @@ def test_an_upload_on_the_page_shows_predict_pys_answers_and_the_grad_cam(tmp_pa
             root = browser.call("DOM.getDocument")["root"]["nodeId"]
             node = browser.call("DOM.querySelector", nodeId=root, selector="#file")["nodeId"]
             browser.call("DOM.setFileInputFiles", nodeId=node,
-                         files=[str(images / os.path.basename(p)) for p in chosen])
+                         files=chosen)
             browser.wait_for("document.querySelectorAll('img.cam').length === 2 && "
                              "Array.from(document.querySelectorAll('img.cam'))"
                              ".every(i => i.complete && i.naturalWidth > 0)")
