@@ -154,11 +154,12 @@ def measure(args):
     levels = [int(c) for c in args.concurrency.split(",")]
     results = {"environment": {**environment_info(),
                                "onnxruntime": metadata.version("onnxruntime"),
-                               "images": f"{len(images)} JPEGs of {args.images}"},
+                               "images": f"{len(images)} JPEGs of "
+                                         f"{os.path.relpath(args.images, ROOT)}"},
                "settings": {k: v for k, v in vars(args).items() if k != "output_dir"},
                "models": {}}
     for model in args.models.split(","):
-        entry = results["models"][os.path.basename(model)] = {}
+        entry = results["models"][os.path.basename(model)] = {"bytes": os.path.getsize(model)}
         entry["load_before_ceiling"] = os.getloadavg()[0]
         entry["ceiling"] = ceiling(model, images, args)
         print(model, "ceiling", entry["ceiling"], flush=True)
