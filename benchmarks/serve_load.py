@@ -156,7 +156,10 @@ def measure(args):
                                "onnxruntime": metadata.version("onnxruntime"),
                                "images": f"{len(images)} JPEGs of "
                                          f"{os.path.relpath(args.images, ROOT)}"},
-               "settings": {k: v for k, v in vars(args).items() if k != "output_dir"},
+               "settings": {**{k: v for k, v in vars(args).items()
+                               if k not in ("output_dir", "models", "images")},
+                            "models": [os.path.basename(m) for m in args.models.split(",")],
+                            "images": os.path.relpath(args.images, ROOT)},
                "models": {}}
     for model in args.models.split(","):
         entry = results["models"][os.path.basename(model)] = {"bytes": os.path.getsize(model)}
