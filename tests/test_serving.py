@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -350,6 +351,25 @@ def test_each_bad_input_is_a_4xx_json_error_naming_it_and_the_server_keeps_servi
     requests = metrics["serve_requests"]
     assert requests["serve_requests_total{endpoint=/predict,status=200}"] == len(cases)
     assert requests["serve_requests_total{endpoint=/predict,status=415}"] == 2
+
+
+def test_a_large_multipart_upload_is_read_in_memory(monkeypatch):
+    """No file per request: a part over 1 MiB (where Starlette's form parser would spool to a
+    temporary file) is answered with every way to make a temporary file failing."""
+    noise = np.random.default_rng(0).integers(0, 256, (700, 800, 3), np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(noise).save(buffer, format="PNG")
+    assert buffer.tell() > 1 << 20
+
+    def no_file(*args, **kwargs):
+        raise AssertionError("a temporary file was made for a request")
+
+    with serving(fake_service()) as url, httpx.Client(timeout=TIMEOUT) as client:
+        for name in ("TemporaryFile", "NamedTemporaryFile", "mkstemp", "mkdtemp"):
+            monkeypatch.setattr(tempfile, name, no_file)
+        response = post_files(client, url, [("noise.png", buffer.getvalue())])
+    assert response.status_code == 200, response.text
+    assert response.json()["predictions"][0]["image"] == "noise.png"
 
 
 def test_a_request_the_model_fails_on_fails_alone_over_http():
