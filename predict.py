@@ -35,13 +35,11 @@ import json
 import os
 import sys
 
-import numpy as np
-
 from src.data.image_check import set_max_image_pixels
 from src.data.multilabel import read_label_file
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network
-from src.deploy.outputs import labels_above, model_probabilities, model_thresholds
+from src.deploy.outputs import image_answer, model_outputs, model_probabilities
 from src.recipe import check_unused_keys, model_config, model_preprocess, resolve_model
 from src.utils import device
 from src.utils.cli import run_entry_point
@@ -53,16 +51,6 @@ from src.utils.tasks import get_task
 
 SECTIONS = ("network", "data", "device", "model file", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
-
-
-def outputs_for(model):
-    """The class names of a resolved ``model`` (its record's, ``class_<i>`` when none is
-    known) and, for a task with thresholds (multilabel), its thresholds (the record's, else
-    0.5 each; ``model_thresholds``); None otherwise."""
-    names = list(model.class_names or [f"class_{i}" for i in range(model.class_num)])
-    thresholds = (model_thresholds(model, model.class_num)
-                  if model.task_object.uses_thresholds else None)
-    return names, thresholds
 
 
 def check_class_count(cfg, outputs):
@@ -91,21 +79,6 @@ def predict_in_batches(predict, paths, batch_size, preprocess, *, model):
     for batch in chunks(paths, batch_size):
         logits = predict(inference.preprocess_images(batch, preprocess))
         yield batch, logits, model_probabilities(logits, model)
-
-
-def top_classes(probs, names, top_k):
-    """The ``top_k`` most probable classes of one image, most probable first.
-
-    Args:
-        probs (numpy.ndarray): Class probabilities (K,).
-        names (list[str]): Class names in label order.
-        top_k (int): How many (at most K).
-
-    Returns:
-        list[dict]: ``class`` (label), ``name`` and ``probability`` (rounded to 6 decimals).
-    """
-    return [{"class": int(i), "name": names[i], "probability": round(float(probs[i]), 6)}
-            for i in np.argsort(-probs)[:top_k]]
 
 
 def cam_writer(cfg, paths, preprocess):
@@ -186,7 +159,7 @@ def main(argv=None):
                                      device_target=cfg.device_target,
                                      stem_pool_pad_mode=cfg.stem_pool_pad_mode,
                                      runtime=cfg.runtime, tta=cfg.tta)
-    names, thresholds = outputs_for(model)
+    names, thresholds = model_outputs(model)
     truth = true_labels(cfg, names)
     checked = False
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
@@ -196,10 +169,7 @@ def main(argv=None):
                 check_class_count(cfg, probs.shape[1])
                 checked = True
             for path, row in zip(batch, probs):
-                line = {"image": path}
-                if thresholds is not None:
-                    line["labels"] = labels_above(row, thresholds, names)
-                line["top"] = top_classes(row, names, cfg.top_k)
+                line = {"image": path, **image_answer(row, names, thresholds, cfg.top_k)}
                 if os.path.normpath(path) in truth:
                     line["true_labels"] = truth[os.path.normpath(path)]
                 progress.write(json.dumps(line))

@@ -97,7 +97,7 @@ def test_every_key_has_help_and_each_entry_point_lists_its_sections():
     sections = read_sections()
     assert sorted(k for keys in sections.values() for k in keys) == sorted(defaults)
     listed_somewhere, helps = set(), {}
-    for script in ("train", "eval", "export", "predict"):
+    for script in ("train", "eval", "export", "predict", "serve"):
         # a fresh interpreter: the fast tier's one full start of each entry point (import
         # order, start-up), docs/tests.md
         result = run_entry(f"{script}.py", "--help", timeout=120)

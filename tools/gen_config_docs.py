@@ -65,9 +65,10 @@ NVIDIA's DeepLearningExamples (PyTorch). Every key of `config.yaml` can be set i
 on the command line (`--key value`); later wins: `config.yaml` < `--config_path` file < flags.
 Lists are given as `--all_reduce_fusion_config 85,160`.
 
-`--help` lists, for each entry point (`train.py`, `eval.py`, `export.py`, `predict.py`), the keys
-it reads, grouped by the sections below, with meaning and default; the other keys are accepted
-(recipe files and launch scripts pass them to every entry point) and ignored.
+`--help` lists, for each entry point (`train.py`, `eval.py`, `export.py`, `predict.py`,
+`serve.py`), the keys it reads, grouped by the sections below, with meaning and default; the
+other keys are accepted (recipe files and launch scripts pass them to every entry point) and
+ignored.
 
 An unknown key, a value of the wrong type or out of range (checked in one place, `check_values` in
 [`src/utils/config.py`](../src/utils/config.py)), in a file or on the command line, stops with an

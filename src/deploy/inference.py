@@ -127,17 +127,33 @@ def preprocess_images(paths: list[str], preprocess: EvalPreprocess | None = None
     batch = []
     for path in paths:
         try:
-            image = np.fromfile(path, dtype=np.uint8)
+            data = np.fromfile(path, dtype=np.uint8)
         except OSError as err:  # permission, a folder, a link to a missing file
             raise ImageFolderError(f"cannot read image {path}: {err.strerror or err}") from err
-        try:
-            for op in ops:  # one by one: eager Compose wraps PIL-path results in a tuple
-                image = op(image)
-        except (RuntimeError, ValueError, OSError) as err:
-            raise ImageFolderError(f"cannot decode image {path}: "
-                                   f"{str(err).splitlines()[0]}") from err
-        batch.append(image)
+        batch.append(preprocess_encoded(data, ops, path))
     return np.stack(batch).astype(np.float32)
+
+
+def preprocess_encoded(data: np.ndarray | bytes, ops: list, name: str) -> np.ndarray:
+    """One encoded image (a file's bytes, as uint8 (n,) or ``bytes``) through the eval ops
+    (``create_transforms`` of an ``EvalPreprocess``): what ``preprocess_images`` does with
+    each file's contents, for images that come as bytes (serve.py).
+
+    Returns:
+        numpy.ndarray: float32 (3, image_size, image_size), normalized.
+
+    Raises:
+        ImageFolderError: If it cannot be decoded as an image, or has more pixels than the
+            limit (``set_max_image_pixels``; names ``name``).
+    """
+    image = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
+    try:
+        for op in ops:  # one by one: eager Compose wraps PIL-path results in a tuple
+            image = op(image)
+    except (RuntimeError, ValueError, OSError) as err:
+        raise ImageFolderError(f"cannot decode image {name}: "
+                               f"{str(err).splitlines()[0]}") from err
+    return image
 
 
 def _require_file(path: str, kind: str) -> None:

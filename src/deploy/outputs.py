@@ -1,6 +1,7 @@
 """What a model's outputs mean, by its task (``src.utils.tasks``): the probabilities of the
 logits (softmax, or a sigmoid per class), a multi-label model's per-class decision thresholds
-(its record's, else 0.5) and the labels at or above them. See
+(its record's, else 0.5) and the labels at or above them, and the answer for one image that
+predict.py prints and serve.py returns (``image_answer``). See
 docs/deployment.md#multi-label-models.
 """
 from collections.abc import Sequence
@@ -11,8 +12,8 @@ from src.utils.model_record import ModelRecord
 from src.utils.multilabel_metrics import DEFAULT_THRESHOLD
 from src.utils.tasks import TASKS, Task, get_task, softmax
 
-__all__ = ["TASKS", "labels_above", "model_probabilities", "model_thresholds", "probabilities",
-           "softmax"]
+__all__ = ["TASKS", "image_answer", "labels_above", "model_outputs", "model_probabilities",
+           "model_thresholds", "probabilities", "softmax", "top_classes"]
 
 
 def probabilities(logits: np.ndarray, task: "str | Task") -> np.ndarray:
@@ -62,3 +63,40 @@ def labels_above(probs: np.ndarray, thresholds: np.ndarray, names: Sequence[str]
     order = np.argsort(-probs, kind="stable")
     return [{"class": int(i), "name": names[i], "probability": round(float(probs[i]), 6)}
             for i in order if probs[i] >= thresholds[i]]
+
+
+def top_classes(probs: np.ndarray, names: Sequence[str], top_k: int) -> list[dict]:
+    """The ``top_k`` most probable classes of one image, most probable first.
+
+    Args:
+        probs (numpy.ndarray): Class probabilities (K,).
+        names (list[str]): Class names in label order.
+        top_k (int): How many (at most K).
+
+    Returns:
+        list[dict]: ``class`` (label), ``name`` and ``probability`` (rounded to 6 decimals).
+    """
+    return [{"class": int(i), "name": names[i], "probability": round(float(probs[i]), 6)}
+            for i in np.argsort(-probs)[:top_k]]
+
+
+def model_outputs(model: ModelRecord) -> tuple[list[str], np.ndarray | None]:
+    """The class names of a resolved ``model`` (its record's, ``class_<i>`` when none is
+    known) and, for a task with thresholds (multilabel), its thresholds (the record's, else
+    0.5 each; ``model_thresholds``); None otherwise."""
+    names = list(model.class_names or [f"class_{i}" for i in range(model.class_num)])
+    thresholds = (model_thresholds(model, model.class_num)
+                  if model.task_object.uses_thresholds else None)
+    return names, thresholds
+
+
+def image_answer(probs: np.ndarray, names: Sequence[str], thresholds: np.ndarray | None,
+                 top_k: int) -> dict:
+    """The answer for one image, as predict.py prints it and serve.py returns it: ``labels``
+    (``labels_above`` its ``thresholds``; only when given: a multi-label model) and ``top``
+    (``top_classes``), from its probabilities (K,) and the ``model_outputs``."""
+    answer = {}
+    if thresholds is not None:
+        answer["labels"] = labels_above(probs, thresholds, names)
+    answer["top"] = top_classes(probs, names, top_k)
+    return answer

@@ -1,7 +1,8 @@
 """The recipe: the one place below the entry points that reads the config (``Config``). Its
 adapters turn config keys into the library's plain arguments (timm's ``optimizer_kwargs``
 style), one concern per module: ``checks``, ``network``, ``optimization``, ``data``, ``splits``,
-``model_record``. Imported by the entry points, benchmarks and tests only.
+``model_record``. Imported by the entry points, benchmarks and tests only. ``serving`` (serve.py's
+adapters) is not re-exported: it imports the web stack, which the other entry points need not.
 """
 from src.recipe.checks import (
     TRAIN_SECTIONS,
