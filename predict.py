@@ -48,10 +48,11 @@ from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.files import check_output_dir
 from src.utils.logger import get_logger
+from src.utils.ood import unknown_marks
 from src.utils.progress import Progress
 from src.utils.tasks import get_task
 
-SECTIONS = ("network", "data", "device", "model file", "predict")
+SECTIONS = ("network", "data", "device", "model file", "out-of-distribution", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
@@ -190,16 +191,19 @@ def main(argv=None):
     truth = true_labels(cfg, names)
     checked = False
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
-        for batch, _, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
-                                                  model=model):
+        for batch, logits, probs in predict_in_batches(predict, paths, cfg.batch_size,
+                                                       preprocess, model=model):
             if not checked:
                 check_class_count(cfg, probs.shape[1])
                 checked = True
-            for path, row in zip(batch, probs):
+            marks = (unknown_marks(logits, model.ood_score, model.ood_threshold)
+                     or [{}] * len(batch))  # the record's threshold: "unknown", the score
+            for path, row, mark in zip(batch, probs, marks):
                 line = {"image": path}
                 if thresholds is not None:
                     line["labels"] = labels_above(row, thresholds, names)
                 line["top"] = top_classes(row, names, cfg.top_k)
+                line.update(mark)
                 if os.path.normpath(path) in truth:
                     line["true_labels"] = truth[os.path.normpath(path)]
                 progress.write(json.dumps(line))
