@@ -156,7 +156,8 @@ def test_bad_ood_input_is_named_with_exit_status_2(tmp_path):
             os.path.join(mosaics, "val.csv"), "--ood_data_path", IMAGENET_SMALL],
         "ood_tpr must be in (0, 1), got 1.0": ["--checkpoint_path", multiclass, "--data_path",
                                                TEST, "--tune_ood", "true", "--ood_tpr", "1.0"],
-        "ood_tpr 0.9 is only read with tune_ood true": [
+        "ood_tpr 0.9 is only read with tune_ood true (tune_ood is False): use tune_ood true, "
+        "or leave ood_tpr at its default 0.95": [
             "--checkpoint_path", multiclass, "--data_path", TEST, "--ood_tpr", "0.9"],
         f"tune_ood writes thresholds.json beside a .ckpt checkpoint; {tmp_path}/m.onnx is not":
             ["--checkpoint_path", tmp_path / "m.onnx", "--class_num", 10, "--data_path", TEST,
@@ -167,6 +168,11 @@ def test_bad_ood_input_is_named_with_exit_status_2(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert message in result.stderr, (message, result.stderr)
     assert not (tmp_path / "out").exists()
+    # given at their defaults, they are not "set": the checks pass on to the evaluation
+    result = run_in_process("eval.py", "--checkpoint_path", multiclass, "--data_path", TEST,
+                            "--ood_tpr", "0.95", "--ood_score", "msp", "--output_dir",
+                            tmp_path / "out")
+    assert "only read with" not in result.stderr and "missing in checkpoint" in result.stderr
 
 
 # ---- end to end: tuned by eval.py, applied by predict.py on the checkpoint and its export ----
