@@ -1,9 +1,10 @@
 """Out-of-distribution scores (``src/utils/ood.py``, docs/ood.md): the three scores against
-PyTorch (pytorch-ood's detectors need torchvision, which does not work here: its MaxSoftmax,
-EnergyBased and MaxLogit are the negations of ``softmax().max()``, ``torch.logsumexp`` and
-``max()``, re-derived below), AUROC / AUPR against scikit-learn, FPR at 95% TPR against the ROC
-curve; the threshold tuned on in-distribution images, kept in thresholds.json for the weights
-it was chosen on, and predict.py's ``unknown`` on a checkpoint and its ONNX export.
+PyTorch (pytorch-ood's detectors need torchvision, which does not work here; in its 0.4.0
+source MaxSoftmax, EnergyBased and MaxLogit are the negations of ``softmax().max()``,
+``torch.logsumexp`` and ``max()``, re-derived below), AUROC / AUPR against scikit-learn, FPR at
+95% TPR against the ROC curve; the threshold tuned on in-distribution images, kept in
+thresholds.json for the weights it was chosen on, and predict.py's ``unknown`` on a checkpoint
+and its ONNX export.
 """
 import json
 import logging
@@ -151,6 +152,9 @@ def test_bad_ood_input_is_named_with_exit_status_2(tmp_path):
     cases = {
         f"ood_data_path {empty}: no images to score as unknown": [
             "--checkpoint_path", multiclass, "--data_path", TEST, "--ood_data_path", empty],
+        f"ood_data_path {tmp_path / 'none'} is not a folder": [
+            "--checkpoint_path", multiclass, "--data_path", TEST, "--ood_data_path",
+            tmp_path / "none"],
         f"ood_data_path {IMAGENET_SMALL}: out-of-distribution scores are single-label here": [
             "--checkpoint_path", multilabel, "--data_path", mosaics, "--label_file",
             os.path.join(mosaics, "val.csv"), "--ood_data_path", IMAGENET_SMALL],

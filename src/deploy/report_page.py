@@ -307,8 +307,9 @@ def ood_section(ood: dict, output_dir: str) -> tuple[str, str, str]:
     rows = "".join(f'<tr><td class="text">{esc(name)}</td><td>{number(v["auroc"])}</td>'
                    f'<td>{number(v["fpr_at_95_tpr"])}</td><td>{number(v["aupr"])}</td></tr>'
                    for name, v in ood.get("scores", {}).items())
-    body = (f'<p>{ood.get("images", 0)} unknown images ({esc(ood.get("data_path", "none"))}) '
-            f'against the {ood["in_distribution_images"]} images evaluated (positive)</p>')
+    body = (f'<p>{ood["images"]} unknown images ({esc(ood.get("data_path"))}) against the '
+            f'{ood["in_distribution_images"]} images evaluated (positive)</p>' if "images" in ood
+            else "<p>no unknown images given (eval.py --ood_data_path)</p>")
     if rows:
         body += ('<table id="ood-scores"><thead><tr><th class="text">score</th><th>AUROC</th>'
                  f'<th>FPR at 95% TPR</th><th>AUPR</th></tr></thead><tbody>{rows}</tbody>'
