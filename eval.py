@@ -56,10 +56,11 @@ from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, image_folder_files
 from src.data.settings import Sampling
 from src.deploy import formats, gradcam
-from src.deploy.inference import load_network
+from src.deploy.inference import chunks, list_images, load_network, preprocess_images
 from src.deploy.multilabel_report import MultiLabelReport
+from src.deploy.ood_report import HISTOGRAM_FILE, ood_summary, plot_histograms, summary_line
 from src.deploy.outputs import model_probabilities, model_thresholds
-from src.deploy.records import write_tuned_thresholds
+from src.deploy.records import write_tuned_thresholds, write_tuned_values
 from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
@@ -67,6 +68,7 @@ from src.models.resnet import create_network
 from src.models.tta import with_tta
 from src.recipe import (
     check_positive_labels,
+    check_unused_keys,
     checkpoint_digest,
     eval_label_table,
     model_config,
@@ -80,17 +82,19 @@ from src.training.model import classification_metrics
 from src.utils import device
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
-from src.utils.errors import UserError
+from src.utils.errors import MissingFileError, UserError
 from src.utils.files import atomic_write_text, check_output_dir
 from src.utils.logger import get_logger
 from src.utils.multilabel_metrics import tune_thresholds
+from src.utils.ood import OOD_SCORES, all_scores, threshold_for_tpr
 from src.utils.progress import Progress
 from src.utils.tasks import MULTICLASS, MULTILABEL
 from src.utils.throughput import synthetic_batch, throughput_report, time_calls
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 from src.utils.tracking import TensorBoardLog
 
-SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
+SECTIONS = ("network", "data", "device", "outputs", "performance", "model file",
+            "out-of-distribution")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
@@ -260,6 +264,92 @@ SCORINGS = {MULTICLASS.name: FolderScoring, MULTILABEL.name: LabelFileScoring}
 """The scoring of each task (``src.utils.tasks.TASKS``) by name."""
 
 
+class OutOfDistribution:
+    """Out-of-distribution scores of a single-label evaluation (docs/ood.md), from the raw
+    logits: with ``ood_data_path``, how well each score separates the images evaluated (the
+    in-distribution positives) from that folder's (AUROC, FPR at 95% TPR, AUPR, a histogram);
+    with ``tune_ood``, the threshold of ``ood_score`` keeping ``ood_tpr`` of the images
+    evaluated, recorded in thresholds.json for the checkpoint's weights; with a threshold
+    (recorded or tuned), the share of each side it keeps. While any of these is asked,
+    ``scoring.update`` also hands it each batch's logits (their scores are kept).
+
+    Raises:
+        ConfigError: For a multi-label model, ``tune_ood`` on an exported file, an
+            ``ood_data_path`` without images, or ``ood_score`` / ``ood_tpr`` without
+            ``tune_ood``.
+    """
+
+    def __init__(self, cfg, model, scoring):
+        check_unused_keys(cfg, "eval")
+        self.cfg, self.model, self.inside, self.paths = cfg, model, [], []
+        asked = [f"{key} {cfg[key]}" for key in ("ood_data_path", "tune_ood") if cfg[key]]
+        if asked and model.task_object.multi_hot:
+            raise ConfigError(f"{asked[0]}: out-of-distribution scores are single-label here "
+                              f"(softmax over the classes); {cfg.checkpoint_path} is a "
+                              f"{model.task} model (docs/ood.md#multi-label-models)")
+        if cfg.tune_ood and formats.model_suffix(cfg.checkpoint_path) != ".ckpt":
+            raise ConfigError(f"tune_ood writes thresholds.json beside a .ckpt checkpoint; "
+                              f"{cfg.checkpoint_path} is not one (tune on the checkpoint, then "
+                              f"export it: the file records the threshold)")
+        if cfg.ood_data_path:
+            if not os.path.isdir(cfg.ood_data_path):
+                raise ConfigError(f"ood_data_path {cfg.ood_data_path} is not a folder")
+            try:
+                self.paths = list_images(cfg.ood_data_path)
+            except MissingFileError as err:
+                raise ConfigError(f"ood_data_path {cfg.ood_data_path}: no images to score as "
+                                  f"unknown ({err})") from err
+        if cfg.tune_ood:  # thresholds.json's class names
+            self.names = model.class_names or scoring.report.names
+        if asked or model.ood_threshold is not None:
+            update = scoring.update
+
+            def keep(logits, labels):
+                self.inside.append(all_scores(logits))
+                update(logits, labels)
+            scoring.update = keep
+
+    def result(self, scores, *, predict, preprocess):
+        """``scores`` with ``ood`` (``ood_summary``; the histogram's file name), the threshold
+        tuned and recorded first if asked; ``scores`` itself when nothing was asked."""
+        cfg, model = self.cfg, self.model
+        if not self.inside:
+            return scores
+        inside = np.concatenate(self.inside)
+        if cfg.tune_ood:
+            threshold = threshold_for_tpr(inside[:, OOD_SCORES.index(cfg.ood_score)],
+                                          cfg.ood_tpr)
+            values = {"ood_score": cfg.ood_score, "ood_threshold": threshold}
+            written = write_tuned_values(cfg.checkpoint_path, self.names, values,
+                                         checkpoint_digest(cfg)(model), task=model.task)
+            model = model.with_values(**values)
+            print(f"out-of-distribution threshold {cfg.ood_score} {threshold:.6g} keeps "
+                  f"{cfg.ood_tpr} of these {len(inside)} images, recorded for the weights of "
+                  f"{cfg.checkpoint_path}: {written}")
+        outside = None
+        if self.paths:
+            batches = []
+            with Progress(len(self.paths), "ood") as progress:
+                for batch in chunks(self.paths, cfg.batch_size):
+                    batches.append(all_scores(predict(preprocess_images(batch, preprocess))))
+                    progress.update(len(batch))
+            outside = np.concatenate(batches)
+        result = ood_summary(inside, outside, score=model.ood_score,
+                             threshold=model.ood_threshold)
+        if cfg.ood_data_path:
+            result["data_path"] = cfg.ood_data_path
+        if outside is not None:
+            picture = os.path.join(cfg.output_dir, HISTOGRAM_FILE)
+            marks = [(model.ood_score, model.ood_threshold)] if model.ood_score else []
+            try:
+                plot_histograms(inside, outside, picture, marks=marks)
+                result["histogram"] = HISTOGRAM_FILE
+            except UserError as err:  # no matplotlib: the numbers are written, the picture not
+                print(f"no {HISTOGRAM_FILE}: {err}")
+        print(summary_line(result))
+        return dict(scores, ood=result)
+
+
 def benchmark_inference(cfg):
     """``--benchmark_steps N``: N forward passes of ``batch_size`` synthetic images at
     ``eval_image_size``, through the model as eval.py runs it (``--checkpoint_path`` .ckpt,
@@ -329,6 +419,7 @@ def main(argv=None):
     check_data_classes(cfg, model)
     indices = split_indices(cfg)  # None: every image (or row of label_file)
     scoring = SCORINGS[model.task_object.name](cfg, model, indices)
+    ood = OutOfDistribution(cfg, model, scoring)  # checked before the evaluation
     # before the evaluation, not after it; created when the result is written (a run
     # refused by a later check, e.g. of the checkpoint, leaves no empty folder)
     check_output_dir(cfg.output_dir, create=False)
@@ -352,6 +443,7 @@ def main(argv=None):
     seconds = time.time() - start
     check_output_dir(cfg.output_dir)
     scores, details = scoring.result()
+    scores = ood.result(scores, predict=predict, preprocess=preprocess)
     summary = {"checkpoint_path": cfg.checkpoint_path,
                "runtime": formats.model_runtime(cfg.checkpoint_path, cfg.runtime),
                "tta": cfg.tta, "task": model.task_object.name, "data_path": cfg.data_path,

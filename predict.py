@@ -39,7 +39,7 @@ from src.data.image_check import set_max_image_pixels
 from src.data.multilabel import read_label_file
 from src.deploy import formats, gradcam, inference
 from src.deploy.inference import chunks, list_images, load_network
-from src.deploy.outputs import image_answer, model_outputs, model_probabilities
+from src.deploy.outputs import batch_answers, model_outputs, model_probabilities
 from src.recipe import check_unused_keys, model_config, model_preprocess, resolve_model
 from src.utils import device
 from src.utils.cli import run_entry_point
@@ -49,7 +49,7 @@ from src.utils.logger import get_logger
 from src.utils.progress import Progress
 from src.utils.tasks import get_task
 
-SECTIONS = ("network", "data", "device", "model file", "predict")
+SECTIONS = ("network", "data", "device", "model file", "out-of-distribution", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
@@ -163,13 +163,15 @@ def main(argv=None):
     truth = true_labels(cfg, names)
     checked = False
     with Progress(len(paths), "predict", quiet=not os.path.isdir(cfg.image_path)) as progress:
-        for batch, _, probs in predict_in_batches(predict, paths, cfg.batch_size, preprocess,
-                                                  model=model):
+        for batch, logits, probs in predict_in_batches(predict, paths, cfg.batch_size,
+                                                       preprocess, model=model):
             if not checked:
                 check_class_count(cfg, probs.shape[1])
                 checked = True
-            for path, row in zip(batch, probs):
-                line = {"image": path, **image_answer(row, names, thresholds, cfg.top_k)}
+            # "unknown" and its score where the record holds a rejection threshold
+            answers = batch_answers(logits, model, names, thresholds, cfg.top_k)
+            for path, answer in zip(batch, answers):
+                line = {"image": path, **answer}
                 if os.path.normpath(path) in truth:
                     line["true_labels"] = truth[os.path.normpath(path)]
                 progress.write(json.dumps(line))

@@ -95,7 +95,7 @@ def test_thresholds_tuned_on_checkpoint_a_are_not_applied_to_b_of_the_same_folde
     with caplog.at_level(logging.WARNING):
         on_b = resolve_model(parse_config(["--checkpoint_path", b]))
     assert on_b.thresholds is None  # 0.5 each when predicting
-    assert "thresholds.json holds thresholds tuned on other weights (a.ckpt)" in caplog.text
+    assert "thresholds.json holds values tuned on other weights (a.ckpt)" in caplog.text
     assert "b.ckpt has other weights" in caplog.text
     # the same weights under another name (a copy) take them
     copy = str(folder / "copy.ckpt")

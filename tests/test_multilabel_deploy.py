@@ -24,7 +24,7 @@ from src.deploy.records import (
     THRESHOLDS_FILE,
     network_digest,
     read_model_record,
-    tuned_thresholds,
+    tuned_values,
     write_tuned_thresholds,
 )
 from src.models.resnet import create_network
@@ -92,32 +92,32 @@ def test_thresholds_file_keeps_each_weights_thresholds_and_malformed_ones_are_na
         content = json.load(f)
     assert content["task"] == "multilabel" and len(content["tuned"]) == 2
     record = ModelRecord(class_num=CLASSES, class_names=tuple(NAMES), task="multilabel")
-    own = tuned_thresholds(ckpt, record, lambda r: "a" * 64)
+    own = tuned_values(ckpt, record, lambda r: "a" * 64)
     assert list(own.thresholds) == thresholds.tolist()  # float32 exact
     assert own.thresholds_weights == "a" * 64
-    assert list(tuned_thresholds(ckpt, record, lambda r: "b" * 64).thresholds) == [0.3] * 5
+    assert list(tuned_values(ckpt, record, lambda r: "b" * 64).thresholds) == [0.3] * 5
     with caplog.at_level(logging.WARNING):
-        other = tuned_thresholds(ckpt, record, lambda r: "c" * 64)
-    assert other.thresholds is None and "tuned on other weights" in caplog.text
+        other = tuned_values(ckpt, record, lambda r: "c" * 64)
+    assert other.thresholds is None and "values tuned on other weights" in caplog.text
     assert "model.ckpt, other.ckpt" in caplog.text and "0.5 for every class" in caplog.text
-    with pytest.raises(RecordError, match="was tuned for the classes"):
-        tuned_thresholds(ckpt, record.with_values(class_names=tuple(reversed(NAMES))),
-                         lambda r: "a" * 64)
+    with pytest.raises(RecordError, match="was tuned for a multilabel model of the classes"):
+        tuned_values(ckpt, record.with_values(class_names=tuple(reversed(NAMES))),
+                     lambda r: "a" * 64)
     with pytest.raises(RecordError, match="thresholds has 2 values but class_num is 5"):
         from_dict({"class_num": 5, "thresholds": [0.5, 0.5]})
     with pytest.raises(RecordError, match="thresholds is 1.5"):
         write_tuned_thresholds(ckpt, NAMES[:2], [0.5, 1.5], "d" * 64)
     for broken, message in (("{", "cannot read .* as JSON"),
-                            ('{"task": "multiclass"}', "expected a JSON object with task "
-                                                       "multilabel")):
+                            ('{"task": "regression"}', r"expected a JSON object with a task "
+                                                       r"\(multiclass, multilabel\)")):
         (tmp_path / THRESHOLDS_FILE).write_text(broken, encoding="utf-8")
         with pytest.raises(RecordError, match=message):
-            tuned_thresholds(ckpt, record, lambda r: "a" * 64)
+            tuned_values(ckpt, record, lambda r: "a" * 64)
     old = {"task": "multilabel", "class_names": NAMES, "thresholds": [0.2] * 5}
     (tmp_path / THRESHOLDS_FILE).write_text(json.dumps(old), encoding="utf-8")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        assert tuned_thresholds(ckpt, record, lambda r: "a" * 64).thresholds is None
+        assert tuned_values(ckpt, record, lambda r: "a" * 64).thresholds is None
     assert "no weights_sha256" in caplog.text
 
 

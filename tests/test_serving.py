@@ -22,6 +22,7 @@ import httpx
 import mindspore as ms
 import numpy as np
 import pytest
+import torch
 import uvicorn
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +31,7 @@ import serve
 from src.data.image_check import set_max_image_pixels
 from src.data.settings import EvalPreprocess
 from src.deploy.batching import BatchError, DynamicBatcher, bucket_sizes, padded_size
+from src.deploy.inference import load_network, preprocess_images
 from src.deploy.serving import LoadedModel, ServeSettings, Service, create_app
 from src.models.resnet import create_network
 from src.utils import device
@@ -515,7 +517,15 @@ def models(tmp_path_factory):
     MINDIR, a fixed batch-2 ONNX (a SAFETENSORS folder runs as the .ckpt: left out for time);
     the sample images in a folder."""
     folder = tmp_path_factory.mktemp("serve_models")
+    paths = copied_images(str(folder / "images"), sample_images())
+    # a rejection threshold too: energy at the median of these images' own (torch's logsumexp
+    # of the network's logits), so some answers are "unknown" and some are not
     ckpt = saved_checkpoint(folder / "r18.ckpt", 7, temperature=1.5)
+    logits = load_network("resnet18", CLASSES, ckpt)(ms.Tensor(preprocess_images(
+        paths, PREPROCESS))).asnumpy()
+    energy = torch.logsumexp(torch.from_numpy(logits.astype(np.float64)), 1).numpy()
+    ckpt = saved_checkpoint(folder / "r18.ckpt", 7, temperature=1.5, ood_score="energy",
+                            ood_threshold=float(np.median(energy)))
     files = {"ckpt": ckpt}
     exports = {"onnx": ("ONNX", "--dynamic_batch", "true"),
                "int8": ("ONNX", "--dynamic_batch", "true", "--quantize", "int8",
@@ -528,7 +538,6 @@ def models(tmp_path_factory):
         succeeded(run_in_process("export.py", "--checkpoint_path", ckpt, "--file_format",
                                  file_format, *extra, "--file_name", stem))
         files[name] = stem + {"ONNX": ".onnx", "MINDIR": ".mindir"}[file_format]
-    paths = copied_images(str(folder / "images"), sample_images())
     return {"files": files, "images": os.path.dirname(paths[0]), "paths": paths}
 
 
@@ -583,6 +592,9 @@ def test_answers_are_predict_pys_for_every_model_kind(models, kind):
     for name, line in expected.items():
         assert answers[name]["image"] == name
         assert_close(pairs(answers[name]), pairs(line), f"{kind} {name}")
+        assert answers[name]["unknown"] == line["unknown"], f"{kind} {name}"
+    if kind != "int8":  # its own logits: its energies need not split these images alike
+        assert {line["unknown"] for line in expected.values()} == {True, False}
     assert meta["model_record"]["temperature"] == 1.5 and meta["model_file"] == \
         models["files"][kind]
     assert meta["batching"]["max_batch_size"] == (2 if kind == "fixed" else 4)

@@ -97,7 +97,7 @@ def test_min_delta_without_patience_is_one_warning_not_a_refusal(check_warnings)
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml"))))
 def test_every_shipped_recipe_passes(path, check_warnings):
     cfg = parse_config([] if path == "config.yaml" else ["--config_path", path])
-    for reader in ("train", "predict"):
+    for reader in ("train", "eval", "predict"):
         check_unused_keys(cfg, reader)
     assert check_warnings == []
 
@@ -110,7 +110,7 @@ def test_a_runs_written_config_passes(tmp_path, check_warnings):
                                      "--lr_schedule", "step"]).to_yaml())
     cfg = parse_config(["--config_path", str(written)])
     assert "lr_end" in cfg.user_keys and "kd_temperature" in cfg.user_keys
-    for reader in ("train", "predict"):
+    for reader in ("train", "eval", "predict"):
         check_unused_keys(cfg, reader)
     assert check_warnings == []
 
@@ -118,7 +118,7 @@ def test_a_runs_written_config_passes(tmp_path, check_warnings):
 def test_every_row_names_config_keys():
     defaults, _, _ = load_schema()
     assert [r for r in UNUSED_KEYS if r.key not in defaults or r.needed not in defaults] == []
-    assert {r.reader for r in UNUSED_KEYS} == {"train", "predict"}
+    assert {r.reader for r in UNUSED_KEYS} == {"train", "eval", "predict"}
 
 
 def test_train_exits_2_before_reading_data(tmp_path):

@@ -10,10 +10,11 @@ import numpy as np
 
 from src.utils.model_record import ModelRecord
 from src.utils.multilabel_metrics import DEFAULT_THRESHOLD
+from src.utils.ood import unknown_marks
 from src.utils.tasks import TASKS, Task, get_task, softmax
 
-__all__ = ["TASKS", "image_answer", "labels_above", "model_outputs", "model_probabilities",
-           "model_thresholds", "probabilities", "softmax", "top_classes"]
+__all__ = ["TASKS", "batch_answers", "image_answer", "labels_above", "model_outputs",
+           "model_probabilities", "model_thresholds", "probabilities", "softmax", "top_classes"]
 
 
 def probabilities(logits: np.ndarray, task: "str | Task") -> np.ndarray:
@@ -88,6 +89,18 @@ def model_outputs(model: ModelRecord) -> tuple[list[str], np.ndarray | None]:
     thresholds = (model_thresholds(model, model.class_num)
                   if model.task_object.uses_thresholds else None)
     return names, thresholds
+
+
+def batch_answers(logits: np.ndarray, model: ModelRecord, names: Sequence[str],
+                  thresholds: np.ndarray | None, top_k: int) -> list[dict]:
+    """The answers for a batch of images, as predict.py prints them and serve.py returns them:
+    each image's ``image_answer`` of ``model_probabilities`` of its logits (N, K), with its
+    ``unknown`` mark and ``ood`` score when the model records a rejection threshold
+    (``src.utils.ood.unknown_marks``, from the raw logits)."""
+    probs = model_probabilities(logits, model)
+    marks = unknown_marks(logits, model.ood_score, model.ood_threshold) or [{}] * len(probs)
+    return [{**image_answer(row, names, thresholds, top_k), **mark}
+            for row, mark in zip(probs, marks)]
 
 
 def image_answer(probs: np.ndarray, names: Sequence[str], thresholds: np.ndarray | None,

@@ -2,8 +2,8 @@
 ``read_model_record`` reads it back from any artifact (a ``.ckpt``, an ONNX or MindIR file, a
 SAFETENSORS folder or Hub id, with what older and foreign files carry), ``write_model_record``
 writes it into an exported file's native place, ``hub_config`` into a ``config.json``. Tuned
-thresholds belong to weights: ``thresholds.json`` beside a checkpoint keeps them by the SHA-256
-of the weights they were tuned on, and a checkpoint takes only its own.
+values (thresholds, an OOD threshold) belong to weights: ``thresholds.json`` beside a checkpoint
+keeps them by the SHA-256 of the weights they were tuned on, and a checkpoint takes only its own.
 See docs/deployment.md#the-model-record.
 """
 import json
@@ -31,7 +31,12 @@ LOGGER = logging.getLogger(__name__)
 
 THRESHOLDS_FILE = "thresholds.json"
 """Beside a checkpoint: ``{"task", "class_names", "tuned": [{"weights_sha256", "checkpoint",
-"thresholds"}, ...]}``, one entry per tuned set of weights."""
+and the ``TUNED_FIELDS`` tuned}, ...]}``, one entry per tuned set of weights."""
+TUNED_FIELDS = ("thresholds", "ood_score", "ood_threshold")
+"""The record's fields tuned on weights (eval.py ``--tune_thresholds``, ``--tune_ood``)."""
+UNTUNED = {"thresholds": "0.5 for every class", "ood_threshold": "no out-of-distribution "
+                                                                  "threshold"}
+"""What a record uses for a field that is not tuned (in the warnings)."""
 LEGACY_KEYS = ("task", "thresholds", "label_names", "tta")
 """The flat metadata keys of graphs exported before the record (read, no longer written)."""
 METADATA_READERS = {".onnx": onnx_metadata, ".mindir": mindir_metadata}
@@ -71,7 +76,7 @@ def read_model_record(path: str, *, digest_of=None) -> ModelRecord:
     else:  # written before the record: the task of its run config, if any
         task = (read_stored_config(path) or {}).get("task")
         record = ModelRecord(task=task if task in TASKS else None, source=path)
-    return tuned_thresholds(path, record, digest_of)
+    return tuned_values(path, record, digest_of)
 
 
 def metadata_record(path: str) -> ModelRecord:
@@ -173,7 +178,7 @@ def hub_config(timm_config: dict, record: ModelRecord) -> dict:
 
 
 
-# ---- thresholds.json: tuned thresholds by the weights they were tuned on ----
+# ---- thresholds.json: tuned values by the weights they were tuned on ----
 
 def network_digest(net) -> str:
     """The SHA-256 of a loaded network's parameters (``weights_digest``): what tuned
@@ -192,87 +197,108 @@ def _read_thresholds_file(path: str) -> dict:
             content = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"cannot read {path} as JSON: {err}") from err
-    if not isinstance(content, dict) or content.get("task") != MULTILABEL.name \
+    if not isinstance(content, dict) or content.get("task") not in TASKS \
             or not isinstance(content.get("class_names"), list):
-        raise RecordError(f"{path}: expected a JSON object with task multilabel, class_names "
-                          f"and tuned thresholds (written by eval.py --tune_thresholds true)")
+        raise RecordError(f"{path}: expected a JSON object with a task ({', '.join(TASKS)}), "
+                          f"class_names and tuned values (written by eval.py "
+                          f"--tune_thresholds true or --tune_ood true)")
     return content
 
 
-def tuned_thresholds(checkpoint_path: str, record: ModelRecord, digest_of) -> ModelRecord:
-    """``record`` with the thresholds ``thresholds.json`` beside ``checkpoint_path`` holds for
-    its weights (the entry whose ``weights_sha256`` is ``digest_of(record)``). A file without
-    such an entry (tuned on other weights, or written before thresholds named their weights)
-    is not applied: one warning names it and what is used instead.
+def _untuned(record: ModelRecord, names) -> str:
+    """What a record without tuned values uses instead, for the ``names`` a file tunes."""
+    return ", ".join(f"its own recorded {name}" if getattr(record, name) is not None
+                     else UNTUNED[name] for name in UNTUNED if name in names) or "nothing tuned"
+
+
+def tuned_values(checkpoint_path: str, record: ModelRecord, digest_of) -> ModelRecord:
+    """``record`` with the values (``TUNED_FIELDS``) ``thresholds.json`` beside
+    ``checkpoint_path`` holds for its weights (the entry whose ``weights_sha256`` is
+    ``digest_of(record)``). A file without such an entry (tuned on other weights, or written
+    before thresholds named their weights) is not applied: one warning names it and what is
+    used instead.
 
     Raises:
-        RecordError: If the file is malformed, or its class names are not the record's
-            (names both), or its thresholds are not one per class.
+        RecordError: If the file is malformed, or its task or class names are not the
+            record's (names both), or a value is malformed (as ``ModelRecord``'s checks).
     """
     path = thresholds_path(checkpoint_path)
     if not os.path.isfile(path):
         return record
     content = _read_thresholds_file(path)
-    names = tuple(content["class_names"])
-    if record.class_names is not None and names != record.class_names:
-        raise RecordError(f"{path} was tuned for the classes {_shown(names)} but "
-                          f"{checkpoint_path} records {_shown(record.class_names)}: "
-                          f"tune again on this checkpoint (eval.py --tune_thresholds true)")
+    names, task = tuple(content["class_names"]), content["task"]
+    if record.class_names is not None and names != record.class_names \
+            or record.task not in (None, task):
+        raise RecordError(f"{path} was tuned for a {task} model of the classes {_shown(names)} "
+                          f"but {checkpoint_path} records a {record.task} model of "
+                          f"{_shown(record.class_names)}: tune again on this checkpoint")
     if record.class_num is not None and len(names) != record.class_num:
         raise RecordError(f"{path} lists {len(names)} class names but {checkpoint_path} has "
                           f"{record.class_num} classes")
-    own = ("its own recorded thresholds" if record.thresholds is not None
-           else "0.5 for every class")
     entries = content.get("tuned")
     if not isinstance(entries, list):
         LOGGER.warning("%s holds thresholds of unknown weights (no weights_sha256: written "
                        "before thresholds named their weights); not applied to %s, which uses "
                        "%s: tune again with eval.py --tune_thresholds true", path,
-                       checkpoint_path, own)
+                       checkpoint_path, _untuned(record, ["thresholds"]))
         return record
     digest = digest_of(record) if digest_of is not None else None
     for entry in entries:
         if isinstance(entry, dict) and entry.get("weights_sha256") == digest:
-            return record.with_values(thresholds=entry.get("thresholds"),
-                                      thresholds_weights=digest, task=MULTILABEL.name,
+            return record.with_values(**{k: entry[k] for k in TUNED_FIELDS if k in entry},
+                                      thresholds_weights=digest, task=task,
                                       class_names=record.class_names or names,
                                       class_num=record.class_num or len(names),
                                       source=f"{checkpoint_path} ({path})")
-    tuned_on = ", ".join(str(e.get("checkpoint")) for e in entries if isinstance(e, dict))
-    LOGGER.warning("%s holds thresholds tuned on other weights (%s); %s has other weights and "
-                   "uses %s", path, tuned_on or "none", checkpoint_path, own)
+    entries = [e for e in entries if isinstance(e, dict)]
+    tuned_on = ", ".join(str(e.get("checkpoint")) for e in entries)
+    LOGGER.warning("%s holds values tuned on other weights (%s); %s has other weights and "
+                   "uses %s", path, tuned_on or "none", checkpoint_path,
+                   _untuned(record, {k for e in entries for k in e}))
     return record
 
 
-def write_tuned_thresholds(checkpoint_path: str, class_names: Sequence[str], thresholds,
-                           digest: str) -> str:
-    """Record ``thresholds`` (one per class, in [0, 1]) tuned on the weights of SHA-256
-    ``digest`` in ``thresholds.json`` beside ``checkpoint_path``, atomically, keeping the
-    entries of other weights; returns its path.
+def write_tuned_values(checkpoint_path: str, class_names: Sequence[str], values: dict,
+                       digest: str, *, task: str) -> str:
+    """Record ``values`` (fields of ``TUNED_FIELDS``) tuned on the weights of SHA-256
+    ``digest`` of a ``task`` model in ``thresholds.json`` beside ``checkpoint_path``,
+    atomically: merged into that weights' entry, the entries of other weights kept; returns
+    its path.
 
     Raises:
-        RecordError: If an existing file has other class names, or the counts differ.
+        RecordError: If a value is malformed (``ModelRecord``'s checks), or an existing file
+            is of another task or other class names.
         WriteError: If it cannot be written.
     """
-    values = [float(v) for v in thresholds]
-    from_dict({"class_num": len(class_names), "class_names": list(class_names),
-               "thresholds": values}, source=THRESHOLDS_FILE)
+    from_dict({"class_num": len(class_names), "class_names": list(class_names), "task": task,
+               **values}, source=THRESHOLDS_FILE)
     path = thresholds_path(checkpoint_path)
-    entries = []
+    entries, own = [], {}
     if os.path.isfile(path):
         try:
             content = _read_thresholds_file(path)
         except RecordError:
             content = {}
-        if content and content["class_names"] != list(class_names):
-            raise RecordError(f"{path} holds thresholds for the classes "
-                              f"{_shown(content['class_names'])}, not "
+        if content and (content["class_names"] != list(class_names) or content["task"] != task):
+            raise RecordError(f"{path} holds values for a {content['task']} model of the classes "
+                              f"{_shown(content['class_names'])}, not a {task} one of "
                               f"{_shown(list(class_names))}: move it away first")
-        entries = [e for e in content.get("tuned", []) if isinstance(e, dict)
-                   and e.get("weights_sha256") != digest]
-    entries.append({"weights_sha256": digest, "checkpoint": os.path.basename(checkpoint_path),
-                    "thresholds": values})
-    atomic_write_text(path, json.dumps({"task": MULTILABEL.name,
-                                        "class_names": list(class_names),
+        for entry in content.get("tuned", []):
+            if isinstance(entry, dict) and entry.get("weights_sha256") == digest:
+                own = entry
+            elif isinstance(entry, dict):
+                entries.append(entry)
+    entries.append({**own, "weights_sha256": digest,
+                    "checkpoint": os.path.basename(checkpoint_path), **values})
+    atomic_write_text(path, json.dumps({"task": task, "class_names": list(class_names),
                                         "tuned": entries}, indent=1) + "\n")
     return path
+
+
+def write_tuned_thresholds(checkpoint_path: str, class_names: Sequence[str], thresholds,
+                           digest: str) -> str:
+    """``write_tuned_values`` of a multi-label model's ``thresholds`` (one per class, in
+    [0, 1])."""
+    return write_tuned_values(checkpoint_path, class_names,
+                              {"thresholds": [float(v) for v in thresholds]}, digest,
+                              task=MULTILABEL.name)

@@ -28,7 +28,7 @@ THUMBNAIL_SIDE = 128  # px, longest side of an embedded image (JPEG)
 METRICS_FILE, TRAIN_CONFIG_FILE = "metrics.jsonl", "config.yaml"  # beside the checkpoint
 HEADLINE = (("top1", "top-1"), ("top5", "top-5"), ("loss", "loss"), ("images", "images"))
 REPORT_KEYS = ("per_class", "confusion_matrix", "misclassified",  # sections of their own
-               "largest_errors")
+               "largest_errors", "ood")
 CLASS_COLUMNS = (("class", "number"), ("name", "text"), ("images", "number"),
                  ("accuracy", "number"), ("precision", "number"), ("recall", "number"),
                  ("f1", "number"))
@@ -300,15 +300,46 @@ def class_section(per_class: Sequence[dict], columns: Sequence[tuple[str, str]])
             "column to sort)", f'<div class="scroll">{class_table(per_class, columns)}</div>')
 
 
+def ood_section(ood: dict, output_dir: str) -> tuple[str, str, str]:
+    """eval.py's out-of-distribution result (``ood_summary``): AUROC, FPR at 95% TPR and AUPR
+    of each score, what the threshold keeps, the histogram (``histogram``, relative to
+    ``output_dir``) embedded."""
+    rows = "".join(f'<tr><td class="text">{esc(name)}</td><td>{number(v["auroc"])}</td>'
+                   f'<td>{number(v["fpr_at_95_tpr"])}</td><td>{number(v["aupr"])}</td></tr>'
+                   for name, v in ood.get("scores", {}).items())
+    body = (f'<p>{ood["images"]} unknown images ({esc(ood.get("data_path"))}) against the '
+            f'{ood["in_distribution_images"]} images evaluated (positive)</p>' if "images" in ood
+            else "<p>no unknown images given (eval.py --ood_data_path)</p>")
+    if rows:
+        body += ('<table id="ood-scores"><thead><tr><th class="text">score</th><th>AUROC</th>'
+                 f'<th>FPR at 95% TPR</th><th>AUPR</th></tr></thead><tbody>{rows}</tbody>'
+                 '</table>')
+    if "threshold" in ood:
+        t = ood["threshold"]
+        body += (f'<p id="ood-threshold">threshold: {esc(t["score"])} {t["value"]:.6g} keeps '
+                 f'{t["tpr"]:.4f} of the images evaluated'
+                 + (f' and {t["fpr"]:.4f} of the unknown ones' if "fpr" in t else "") + "</p>")
+    if ood.get("histogram"):
+        path = os.path.join(output_dir, ood["histogram"])
+        try:
+            with open(path, "rb") as f:
+                body += png_tag(f.read(), "ood-histogram", "histograms of the OOD scores")
+        except OSError as err:
+            body += f'<p class="note">histogram not shown: {esc(path)}: {esc(err)}</p>'
+    return "out-of-distribution", "Out-of-distribution scores", body
+
+
 def multiclass_sections(result: dict, *, output_dir: str, shown: int, exif_transpose: bool,
                         pr_curves: str | None) -> list[tuple[str, str, str]]:
-    """The sections of a multi-class result: per class, confusion matrix, misclassified."""
+    """The sections of a multi-class result: per class, confusion matrix, misclassified, and
+    the out-of-distribution scores when evaluated."""
     names = [c["name"] for c in result["per_class"]]
     return [class_section(result["per_class"], CLASS_COLUMNS),
             ("confusion-matrix", "Confusion matrix",
              confusion_section(result["confusion_matrix"], names)),
             ("misclassified-images", "Misclassified images",
-             mistakes_section(result["misclassified"], output_dir, shown, exif_transpose))]
+             mistakes_section(result["misclassified"], output_dir, shown, exif_transpose))] + (
+        [ood_section(result["ood"], output_dir)] if "ood" in result else [])
 
 
 def multilabel_sections(result: dict, *, output_dir: str, shown: int, exif_transpose: bool,

@@ -39,7 +39,7 @@ from src.data.transforms import create_transforms
 from src.deploy.batching import BatchError, DynamicBatcher, Forward, bucket_sizes
 from src.deploy.gradcam import GradCam, grad_cam, overlay, png_bytes, seen_images
 from src.deploy.inference import preprocess_encoded
-from src.deploy.outputs import image_answer, model_outputs, model_probabilities
+from src.deploy.outputs import batch_answers, model_outputs
 from src.deploy.serve_page import page_html
 from src.utils.config import ConfigError
 from src.utils.model_record import ModelRecord
@@ -363,9 +363,8 @@ async def predict(request: Request, service: Service) -> list[dict]:
         raise Problem(500, "inference_failed", str(err)) from None
     except RuntimeError as err:  # stopped
         raise Problem(503, "stopping", f"the server is stopping: {err}") from None
-    probs = model_probabilities(logits, service.record)
-    answers = [{"image": name, **image_answer(row, service.names, service.thresholds, top_k)}
-               for (name, _), row in zip(images, probs)]
+    answers = [{"image": name, **answer} for (name, _), answer in zip(images, batch_answers(
+        logits, service.record, service.names, service.thresholds, top_k))]
     if want_cam:
         classes = [answer["top"][0]["class"] for answer in answers]
         pictures = await loop.run_in_executor(service.cam_runner, service.cam, batch, classes)

@@ -109,6 +109,8 @@ UNUSED_KEYS = (
               warn=True),
     UnusedKey("cam_class", "cam_dir", "a cam_dir", lambda cfg: bool(cfg.cam_dir),
               reader="predict"),
+    *(UnusedKey(key, "tune_ood", "tune_ood true", lambda cfg: cfg.tune_ood, reader="eval")
+      for key in ("ood_score", "ood_tpr")),
 )
 """Keys read only with another key's setting: set otherwise than config.yaml's default
 (``Config.set_otherwise``) while it is off, they would be ignored without a word."""
@@ -116,7 +118,7 @@ LOGGER = logging.getLogger(__name__)
 
 
 def check_unused_keys(cfg: Config, reader: str) -> None:
-    """Refuse the keys of ``UNUSED_KEYS`` that entry point ``reader`` ("train", "predict")
+    """Refuse the keys of ``UNUSED_KEYS`` that entry point ``reader`` ("train", "eval", "predict")
     reads, set otherwise than their default where their setting is off (a ``warn`` row: one
     warning line).
 

@@ -147,7 +147,7 @@ def model_config(cfg: Config, model: ModelRecord) -> Config:
     """A new ``Config``: ``cfg`` with the keys of the resolved ``model``
     (``model_config_values``); ``cfg`` itself is left as it was."""
     out = Config(cfg, **model_config_values(model))
-    out.user_keys = cfg.user_keys
+    out.user_keys, out.defaults = cfg.user_keys, cfg.defaults
     return out
 
 

@@ -50,7 +50,8 @@ UNIT_INTERVAL = {"random_erasing": "[0, 1]", "mix_prob": "[0, 1]", "mix_switch_p
                  "beta2": "[0, 1)", "bce_target_threshold": "[0, 1)",
                  "max_overflow_fraction": "[0, 1]", "layer_decay": "(0, 1]",
                  "val_split": "[0, 1)", "drop_path_rate": "[0, 1)",
-                 "early_stopping_min_delta": "[0, 1)", "asl_clip": "[0, 1)"}
+                 "early_stopping_min_delta": "[0, 1)", "asl_clip": "[0, 1)",
+                 "ood_tpr": "(0, 1)"}
 """Keys whose value must lie in the given interval of [0, 1]."""
 UPPER_BOUNDS = {
     "epoch_size": (INT32_MAX, "MindSpore's optimizer step counter is int32"),

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from src.utils.errors import UserError
+from src.utils.ood import OOD_SCORES
 from src.utils.tasks import TASKS, get_task
 
 RECORD_KEY = "model_record"
@@ -40,15 +41,18 @@ class ModelRecord:
         class_names (tuple[str, ...]): K names in label order.
         task (str): A key of ``src.utils.tasks.TASKS``.
         thresholds (tuple[float, ...]): K per-class decision thresholds in [0, 1] (multi-label).
-        thresholds_weights (str): SHA-256 (hex) of the weights the thresholds were tuned on
-            (``weights_digest``); None for defaults or thresholds of unknown weights.
+        thresholds_weights (str): SHA-256 (hex) of the weights its tuned values (thresholds,
+            OOD threshold) were tuned on (``weights_digest``); None for defaults or values of
+            unknown weights.
         tta (str): Test-time augmentation (``none`` or ``flip``).
         preprocess (Mapping): Eval preprocessing: ``image_size``, ``resize`` (px),
             ``interpolation``.
         loss (Mapping): The training loss: ``loss`` (name) and its settings
             (``asl_gamma_neg``, ``asl_gamma_pos``, ``asl_clip``, ``pos_weight`` (K,) ...).
         temperature (float): Softmax temperature of calibration (room for it; unused yet).
-        ood_score (str), ood_threshold (float): Rejection score and its threshold (room).
+        ood_score (str): The out-of-distribution score of ``ood_threshold`` (one of
+            ``src.utils.ood.OOD_SCORES``, of the raw logits).
+        ood_threshold (float): An image scoring below it is unknown (single-label only).
         source (str): Where it was read from, for messages (not part of equality).
     """
 
@@ -157,11 +161,31 @@ def checked(record: ModelRecord) -> ModelRecord:
             raise _fail(src, name, value, "a finite number")
     if record.temperature is not None and record.temperature <= 0:
         raise _fail(src, "temperature", record.temperature, "a number above 0")
+    check_ood(record)
     if record.preprocess is not None:
         unknown = sorted(set(record.preprocess) - set(PREPROCESS_KEYS))
         if unknown:
             raise _fail(src, "preprocess", unknown[0], f"keys of {', '.join(PREPROCESS_KEYS)}")
     return record
+
+
+def check_ood(record: ModelRecord) -> None:
+    """``ood_score`` one of ``OOD_SCORES``, recorded with ``ood_threshold`` or not at all, and
+    neither in a multi-label record (its scores are single-label ones).
+
+    Raises:
+        RecordError: Naming the source and the field.
+    """
+    src = record.source or "model record"
+    if record.ood_score is not None and record.ood_score not in OOD_SCORES:
+        raise _fail(src, "ood_score", record.ood_score, f"one of {', '.join(OOD_SCORES)}")
+    if (record.ood_score is None) != (record.ood_threshold is None):
+        raise RecordError(f"{src}: records ood_score {record.ood_score} and ood_threshold "
+                          f"{record.ood_threshold}; expected both or neither")
+    if record.ood_score is not None and record.task is not None \
+            and get_task(record.task).multi_hot:
+        raise _fail(src, "ood_score", record.ood_score, "none in a multilabel record (the "
+                    "out-of-distribution scores are single-label ones)")
 
 
 def from_dict(values: Mapping[str, Any], source: str = "") -> ModelRecord:
