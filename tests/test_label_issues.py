@@ -183,6 +183,22 @@ def test_a_stop_signal_is_passed_on_to_the_fold_which_ends_before_the_command(tm
     assert ended.read_text() == str(int(signal.SIGTERM))
 
 
+def test_a_rerun_with_other_weights_or_training_keys_is_told_apart_from_other_workers(tmp_path):
+    from src.recipe import changed_training_keys
+    from src.utils.config import Config, load_schema
+
+    defaults = load_schema()[0]
+    recipe = tmp_path / "fold_train.yaml"
+    assert changed_training_keys(str(recipe), Config({"epoch_size": 4}), defaults) == []
+    recipe.write_text(Config({"epoch_size": 3, "num_parallel_workers": 2}).to_yaml())
+    assert changed_training_keys(str(recipe), Config({"epoch_size": 3, "num_parallel_workers": 4}),
+                                 defaults) == []
+    changed = changed_training_keys(str(recipe), Config({"pre_trained": "w.ckpt",
+                                                         "use_ema": False}), defaults)
+    assert sorted(changed) == ["epoch_size 3 -> 90", "pre_trained '' -> 'w.ckpt'",
+                               "use_ema True -> False"]
+
+
 @pytest.fixture(scope="module")
 def uneven_data(tmp_path_factory):
     """Class folders of 4, 4 and 2 shipped CIFAR-10 images, and one of a single class."""

@@ -22,6 +22,9 @@ EVALUATION_KEYS = ("run_eval", "eval_data_path", "eval_label_file", "val_split",
                    "best_on_ema", "early_stopping_patience", "early_stopping_min_delta")
 """The keys of an evaluation during training, which the folds do not do."""
 RECIPE_FILE = "fold_train.yaml"
+MAY_DIFFER_BETWEEN_FOLDS = MAY_DIFFER - {"pre_trained", "use_ema"}
+"""Keys whose value may change between runs of the command: those a resumed train.py run may
+change, less the weights a fold starts from and those that predict its held-out images."""
 
 
 def drop_evaluation_keys(cfg: Config) -> dict:
@@ -74,7 +77,7 @@ def fold_recipe(cfg: Config) -> Config:
 def changed_training_keys(recipe_path: str, recipe: Config, defaults: dict) -> list[str]:
     """The keys whose value in ``recipe`` differs from the recipe file at ``recipe_path``
     (written when the command started in that folder; a key missing is at its default in
-    ``defaults``), those a resumed run may change (``MAY_DIFFER``) aside; [] without a file.
+    ``defaults``), those of ``MAY_DIFFER_BETWEEN_FOLDS`` aside; [] without a file.
 
     Raises:
         ConfigError: If the file cannot be read (as ``read_recipe``).
@@ -84,7 +87,7 @@ def changed_training_keys(recipe_path: str, recipe: Config, defaults: dict) -> l
     before = read_recipe(recipe_path)
     keys = [key for key in defaults if key in before or key in recipe]
     return [f"{key} {before.get(key, defaults[key])!r} -> {recipe.get(key, defaults[key])!r}"
-            for key in keys if key not in MAY_DIFFER
+            for key in keys if key not in MAY_DIFFER_BETWEEN_FOLDS
             and before.get(key, defaults[key]) != recipe.get(key, defaults[key])]
 
 
