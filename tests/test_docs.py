@@ -16,7 +16,7 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`]*`")
 # [text](target) and ![alt](target); the text may wrap over lines
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-ENTRY_POINTS = ("train.py", "eval.py", "export.py", "predict.py", "serve.py")
+ENTRY_POINTS = ("train.py", "eval.py", "export.py", "predict.py", "serve.py", "label_issues.py")
 REPO_PATH = re.compile(r"(?<![\w./-])((?:scripts|configs|tools|benchmarks)/[\w./-]*\w)")
 
 

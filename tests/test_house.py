@@ -123,7 +123,7 @@ def test_layout_page_names_every_module(module):
 
 # ---- the task is an object: nothing compares task names ----
 
-ENTRY_POINTS = ("train.py", "eval.py", "export.py", "predict.py", "serve.py")
+ENTRY_POINTS = ("train.py", "eval.py", "export.py", "predict.py", "serve.py", "label_issues.py")
 
 
 def task_name_comparisons(source, names):

@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = {"env": 0, "startup": 0, "utils": 0, "data": 1, "models": 1, "training": 2, "deploy": 2,
           "recipe": 3}
 # Who may import src.recipe besides src/: the entry points, the benchmarks and the tests.
-RECIPE_USERS = ("train.py", "eval.py", "export.py", "predict.py", "serve.py", "benchmarks",
+RECIPE_USERS = ("train.py", "eval.py", "export.py", "predict.py", "serve.py", "label_issues.py",
+                "benchmarks",
                 "tests")
 
 

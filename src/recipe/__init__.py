@@ -1,8 +1,9 @@
 """The recipe: the one place below the entry points that reads the config (``Config``). Its
 adapters turn config keys into the library's plain arguments (timm's ``optimizer_kwargs``
 style), one concern per module: ``checks``, ``network``, ``optimization``, ``data``, ``splits``,
-``model_record``. Imported by the entry points, benchmarks and tests only. ``serving`` (serve.py's
-adapters) is not re-exported: it imports the web stack, which the other entry points need not.
+``model_record``, ``label_issues``. Imported by the entry points, benchmarks and tests only.
+``serving`` (serve.py's adapters) is not re-exported: it imports the web stack, which the other
+entry points need not.
 """
 from src.recipe.checks import (
     TRAIN_SECTIONS,
@@ -28,6 +29,17 @@ from src.recipe.data import (
     train_augment,
     train_plan,
     training_pipeline,
+)
+from src.recipe.label_issues import (
+    EVALUATION_KEYS,
+    LABEL_ISSUES_SECTIONS,
+    OWN_KEYS,
+    RECIPE_FILE,
+    changed_training_keys,
+    check_label_issues_config,
+    drop_evaluation_keys,
+    fold_model,
+    fold_recipe,
 )
 from src.recipe.model_record import (
     check_teacher_classes,
@@ -77,6 +89,10 @@ __all__ = [
     # data
     "TRAIN_AUGMENT_KEYS", "TrainData", "batch_mixer", "build_data", "epoch_dataset",
     "eval_preprocess", "run_dataset", "train_augment", "train_plan", "training_pipeline",
+    # label_issues
+    "EVALUATION_KEYS", "LABEL_ISSUES_SECTIONS", "OWN_KEYS", "RECIPE_FILE",
+    "changed_training_keys", "check_label_issues_config", "drop_evaluation_keys", "fold_model",
+    "fold_recipe",
     # model_record
     "check_teacher_classes", "checkpoint_digest", "fill_from_weights", "model_config",
     "model_preprocess", "resolve_model", "training_record",

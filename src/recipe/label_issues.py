@@ -1,0 +1,105 @@
+"""The config of ``label_issues.py``: its checks (``check_label_issues_config``), no evaluation
+during a fold's training (``drop_evaluation_keys``), the training keys every fold is given
+(``fold_recipe``: the keys set by the user, less the command's own), and the model a fold's
+checkpoint is run as (``fold_model``). See docs/label_issues.md.
+"""
+import os
+
+from src.data.settings import EvalPreprocess
+from src.recipe.checks import TRAIN_SECTIONS, check_train_config
+from src.recipe.model_record import model_config, model_preprocess, resolve_model
+from src.training.resume import MAY_DIFFER
+from src.utils.config import Config, ConfigError, read_recipe
+from src.utils.model_record import ModelRecord
+from src.utils.tasks import get_task
+
+LABEL_ISSUES_SECTIONS = (*TRAIN_SECTIONS, "label issues")
+"""The sections of label_issues.py's ``--help``: training's and its own."""
+OWN_KEYS = ("data_path", "output_dir", "resume_ckpt", "overwrite", "run_distribute",
+            "device_num", "label_folds", "label_page_images")
+"""Keys the command sets for each fold itself (or reads alone): not in the fold recipe."""
+EVALUATION_KEYS = ("run_eval", "eval_data_path", "eval_label_file", "val_split", "eval_interval",
+                   "best_on_ema", "early_stopping_patience", "early_stopping_min_delta")
+"""The keys of an evaluation during training, which the folds do not do."""
+RECIPE_FILE = "fold_train.yaml"
+MAY_DIFFER_BETWEEN_FOLDS = MAY_DIFFER - {"pre_trained", "use_ema"}
+"""Keys whose value may change between runs of the command: those a resumed train.py run may
+change, less the weights a fold starts from and those that predict its held-out images."""
+
+
+def drop_evaluation_keys(cfg: Config) -> dict:
+    """Set the keys of an evaluation during training (``EVALUATION_KEYS``) back to their
+    defaults, as set by no one: a fold trains on all of its training part and is evaluated on
+    its held-out fold. Returns the ones set otherwise, with their values (for a log line)."""
+    dropped = {key: cfg[key] for key in EVALUATION_KEYS if cfg.set_otherwise(key)}
+    cfg.update({key: cfg.defaults[key] for key in EVALUATION_KEYS})
+    cfg.user_keys = cfg.user_keys - set(EVALUATION_KEYS)
+    return dropped
+
+
+def check_label_issues_config(cfg: Config, class_names: list[str]) -> None:
+    """Refuse what the command cannot do, naming the key: another dataset than class folders,
+    a multi-label task, ``benchmark_steps``, a ``resume_ckpt`` other than auto, ``overwrite``,
+    a negative ``label_page_images``, a ``class_num`` other than the count of ``class_names``;
+    then train.py's checks (``check_train_config``).
+
+    Raises:
+        ConfigError: Naming the key, its value and what to do.
+    """
+    refused = (
+        (cfg.dataset != "imagefolder", f"dataset {cfg.dataset}: label_issues.py reads class "
+                                       f"folders (dataset imagefolder)"),
+        (get_task(cfg.task).label_file, f"task {cfg.task}: label_issues.py finds label errors "
+                                        f"of class folders (one class per image) only"),
+        (cfg.benchmark_steps, f"benchmark_steps {cfg.benchmark_steps} trains nothing; leave it 0"),
+        (cfg.resume_ckpt not in ("", "auto"), f"resume_ckpt {cfg.resume_ckpt}: the command "
+                                              f"resumes each fold in its own folder (auto); "
+                                              f"rerun the same command to resume"),
+        (cfg.overwrite, "overwrite true: give a new output_dir for a new run of the command"),
+        (cfg.label_page_images < 0, f"label_page_images must be 0 or more, got "
+                                    f"{cfg.label_page_images}"),
+        (len(class_names) != cfg.class_num, f"data_path {cfg.data_path} has {len(class_names)} "
+                                            f"classes but class_num is {cfg.class_num}"),
+    )
+    for wrong, message in refused:
+        if wrong:
+            raise ConfigError(message)
+    check_train_config(cfg)
+
+
+def fold_recipe(cfg: Config) -> Config:
+    """The training keys of every fold: those the user set (recipe file and flags), less
+    ``OWN_KEYS``, in config.yaml's order; ``to_yaml()`` is the fold recipe file."""
+    return Config({key: value for key, value in cfg.items()
+                   if key in cfg.user_keys and key not in OWN_KEYS})
+
+
+def changed_training_keys(recipe_path: str, recipe: Config, defaults: dict) -> list[str]:
+    """The keys whose value in ``recipe`` differs from the recipe file at ``recipe_path``
+    (written when the command started in that folder; a key missing is at its default in
+    ``defaults``), those of ``MAY_DIFFER_BETWEEN_FOLDS`` aside; [] without a file.
+
+    Raises:
+        ConfigError: If the file cannot be read (as ``read_recipe``).
+    """
+    if not os.path.isfile(recipe_path):
+        return []
+    before = read_recipe(recipe_path)
+    keys = [key for key in defaults if key in before or key in recipe]
+    return [f"{key} {before.get(key, defaults[key])!r} -> {recipe.get(key, defaults[key])!r}"
+            for key in keys if key not in MAY_DIFFER_BETWEEN_FOLDS
+            and before.get(key, defaults[key]) != recipe.get(key, defaults[key])]
+
+
+def fold_model(cfg: Config, checkpoint_path: str) -> tuple[ModelRecord, Config, EvalPreprocess]:
+    """A fold's checkpoint as predict.py would run it with the command's keys: its record
+    (``resolve_model``), the config for it (``model_config``) and its eval preprocessing.
+
+    Raises:
+        ConfigError, RecordError: As ``resolve_model``.
+    """
+    given = Config(dict(cfg, checkpoint_path=checkpoint_path))
+    given.user_keys, given.defaults = cfg.user_keys, cfg.defaults
+    model = resolve_model(given)
+    model_cfg = model_config(given, model)
+    return model, model_cfg, model_preprocess(model_cfg, model)
