@@ -2,14 +2,17 @@
 ``read_model_record`` reads it back from any artifact (a ``.ckpt``, an ONNX or MindIR file, a
 SAFETENSORS folder or Hub id, with what older and foreign files carry), ``write_model_record``
 writes it into an exported file's native place, ``hub_config`` into a ``config.json``. Tuned
-thresholds belong to weights: ``thresholds.json`` beside a checkpoint keeps them by the SHA-256
-of the weights they were tuned on, and a checkpoint takes only its own.
+values belong to weights: ``thresholds.json`` (a multi-label model's thresholds) and
+``calibration.json`` (a single-label model's temperature) beside a checkpoint keep them by the
+SHA-256 of the weights they were tuned on (``TunedValues``), and a checkpoint takes only its
+own.
 See docs/deployment.md#the-model-record.
 """
 import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from src.deploy.exporting import mindir_metadata, onnx_metadata, record_mindir, record_onnx
 from src.models.tta import TTA_MODES
@@ -25,13 +28,14 @@ from src.utils.model_record import (
     weights_digest,
 )
 from src.utils.multilabel_metrics import DEFAULT_THRESHOLD
-from src.utils.tasks import MULTILABEL, TASKS
+from src.utils.tasks import MULTICLASS, MULTILABEL, TASKS, Task
 
 LOGGER = logging.getLogger(__name__)
 
 THRESHOLDS_FILE = "thresholds.json"
-"""Beside a checkpoint: ``{"task", "class_names", "tuned": [{"weights_sha256", "checkpoint",
-"thresholds"}, ...]}``, one entry per tuned set of weights."""
+"""Beside a checkpoint: a multi-label model's thresholds by the weights they were tuned on."""
+CALIBRATION_FILE = "calibration.json"
+"""Beside a checkpoint: a single-label model's temperature by the weights it was fitted on."""
 LEGACY_KEYS = ("task", "thresholds", "label_names", "tta")
 """The flat metadata keys of graphs exported before the record (read, no longer written)."""
 METADATA_READERS = {".onnx": onnx_metadata, ".mindir": mindir_metadata}
@@ -49,8 +53,8 @@ def read_model_record(path: str, *, digest_of=None) -> ModelRecord:
         path (str): A ``.ckpt``, ``.onnx``, ``.mindir``, Hub id, SAFETENSORS folder or file.
         digest_of (callable, optional): ``(ModelRecord) -> str``, the SHA-256 of the
             weights a ``.ckpt`` is run with, given its stored record (``network_digest``);
-            called only when a ``thresholds.json`` lies beside it, whose entry of that digest
-            is taken.
+            called only when a file of ``TUNED_FILES`` lies beside it, whose entry of that
+            digest is taken.
 
     Raises:
         RecordError: For a malformed record or thresholds file (names the file and field).
@@ -71,7 +75,7 @@ def read_model_record(path: str, *, digest_of=None) -> ModelRecord:
     else:  # written before the record: the task of its run config, if any
         task = (read_stored_config(path) or {}).get("task")
         record = ModelRecord(task=task if task in TASKS else None, source=path)
-    return tuned_thresholds(path, record, digest_of)
+    return tuned_values(path, record, digest_of)
 
 
 def metadata_record(path: str) -> ModelRecord:
@@ -173,106 +177,174 @@ def hub_config(timm_config: dict, record: ModelRecord) -> dict:
 
 
 
-# ---- thresholds.json: tuned thresholds by the weights they were tuned on ----
+# ---- tuned values by the weights they were tuned on: thresholds.json, calibration.json ----
+
+@dataclass(frozen=True, kw_only=True)
+class TunedValues:
+    """Record fields tuned on a checkpoint's weights, kept in a JSON file beside it:
+    ``{"task", "class_names", "tuned": [{"weights_sha256", "checkpoint", FIELD: value, ...}]}``,
+    one entry per set of weights; a checkpoint takes only the entry of its own weights."""
+
+    file: str  # the file's name beside the checkpoint
+    task: Task  # the task of the models it serves
+    field: str  # the ModelRecord field an entry sets
+    what: str  # the values, in messages
+    verb: str  # how they were made, in messages
+    redo: str  # how to make them again, in messages
+    command: str  # what writes the file
+    fallback: str  # what a model without them uses, in messages
+    weights_field: str | None = None  # the record field given the weights' SHA-256
+
+    def default(self, record: ModelRecord) -> str:
+        """What ``record`` uses without an entry, in messages."""
+        own = getattr(record, self.field) is not None
+        return f"its own recorded {self.field}" if own else self.fallback
+
+THRESHOLDS = TunedValues(file=THRESHOLDS_FILE, task=MULTILABEL, field="thresholds",
+                         what="thresholds", verb="tuned", redo="tune",
+                         command="eval.py --tune_thresholds true",
+                         fallback="0.5 for every class", weights_field="thresholds_weights")
+CALIBRATION = TunedValues(file=CALIBRATION_FILE, task=MULTICLASS, field="temperature",
+                          what="a temperature", verb="fitted", redo="fit",
+                          command="eval.py --calibrate temperature",
+                          fallback="no temperature (T = 1)")
+TUNED_FILES = (THRESHOLDS, CALIBRATION)
+"""The files of tuned values ``read_model_record`` applies to a ``.ckpt``."""
+
 
 def network_digest(net) -> str:
     """The SHA-256 of a loaded network's parameters (``weights_digest``): what tuned
-    thresholds record as the weights they belong to (the EMA's when it was loaded)."""
+    values record as the weights they belong to (the EMA's when it was loaded)."""
     return weights_digest({p.name: p for p in net.get_parameters()})
 
 
-def thresholds_path(checkpoint_path: str) -> str:
-    """``thresholds.json`` beside a checkpoint file."""
-    return os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), THRESHOLDS_FILE)
+def tuned_path(checkpoint_path: str, kind: TunedValues) -> str:
+    """The file of ``kind`` beside a checkpoint file."""
+    return os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), kind.file)
 
-
-def _read_thresholds_file(path: str) -> dict:
+def _read_tuned_file(path: str, kind: TunedValues) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             content = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"cannot read {path} as JSON: {err}") from err
-    if not isinstance(content, dict) or content.get("task") != MULTILABEL.name \
+    if not isinstance(content, dict) or content.get("task") != kind.task.name \
             or not isinstance(content.get("class_names"), list):
-        raise RecordError(f"{path}: expected a JSON object with task multilabel, class_names "
-                          f"and tuned thresholds (written by eval.py --tune_thresholds true)")
+        raise RecordError(f"{path}: expected a JSON object with task {kind.task.name}, "
+                          f"class_names and tuned {kind.field} (written by {kind.command})")
     return content
 
 
-def tuned_thresholds(checkpoint_path: str, record: ModelRecord, digest_of) -> ModelRecord:
-    """``record`` with the thresholds ``thresholds.json`` beside ``checkpoint_path`` holds for
-    its weights (the entry whose ``weights_sha256`` is ``digest_of(record)``). A file without
-    such an entry (tuned on other weights, or written before thresholds named their weights)
-    is not applied: one warning names it and what is used instead.
+def tuned_values(checkpoint_path: str, record: ModelRecord, digest_of) -> ModelRecord:
+    """``record`` with the values every file of ``TUNED_FILES`` beside ``checkpoint_path``
+    holds for its weights (``apply_tuned``); the digest is computed once, if a file exists."""
+    digests = {}
+
+    def digest(_: ModelRecord) -> str | None:  # of the weights, whatever a file has filled
+        if "sha256" not in digests:
+            digests["sha256"] = digest_of(record) if digest_of is not None else None
+        return digests["sha256"]
+    for kind in TUNED_FILES:
+        record = apply_tuned(kind, checkpoint_path, record, digest)
+    return record
+
+
+def apply_tuned(kind: TunedValues, checkpoint_path: str, record: ModelRecord,
+                digest_of) -> ModelRecord:
+    """``record`` with the ``kind.field`` the file of ``kind`` beside ``checkpoint_path``
+    holds for its weights (the entry whose ``weights_sha256`` is ``digest_of(record)``). A
+    file without such an entry (tuned on other weights, or written before entries named their
+    weights) is not applied: one warning names it and what is used instead.
 
     Raises:
         RecordError: If the file is malformed, or its class names are not the record's
-            (names both), or its thresholds are not one per class.
+            (names both), or its values are malformed (names the file and field).
     """
-    path = thresholds_path(checkpoint_path)
+    path = tuned_path(checkpoint_path, kind)
     if not os.path.isfile(path):
         return record
-    content = _read_thresholds_file(path)
+    content = _read_tuned_file(path, kind)
     names = tuple(content["class_names"])
     if record.class_names is not None and names != record.class_names:
-        raise RecordError(f"{path} was tuned for the classes {_shown(names)} but "
+        raise RecordError(f"{path} was {kind.verb} for the classes {_shown(names)} but "
                           f"{checkpoint_path} records {_shown(record.class_names)}: "
-                          f"tune again on this checkpoint (eval.py --tune_thresholds true)")
+                          f"{kind.redo} again on this checkpoint "
+                          f"({kind.command})")
     if record.class_num is not None and len(names) != record.class_num:
         raise RecordError(f"{path} lists {len(names)} class names but {checkpoint_path} has "
                           f"{record.class_num} classes")
-    own = ("its own recorded thresholds" if record.thresholds is not None
-           else "0.5 for every class")
     entries = content.get("tuned")
     if not isinstance(entries, list):
-        LOGGER.warning("%s holds thresholds of unknown weights (no weights_sha256: written "
-                       "before thresholds named their weights); not applied to %s, which uses "
-                       "%s: tune again with eval.py --tune_thresholds true", path,
-                       checkpoint_path, own)
+        LOGGER.warning("%s holds %s of unknown weights (no weights_sha256: written before "
+                       "entries named their weights); not applied to %s, which uses %s: "
+                       "%s again with %s", path, kind.what, checkpoint_path,
+                       kind.default(record), kind.redo, kind.command)
         return record
     digest = digest_of(record) if digest_of is not None else None
     for entry in entries:
         if isinstance(entry, dict) and entry.get("weights_sha256") == digest:
-            return record.with_values(thresholds=entry.get("thresholds"),
-                                      thresholds_weights=digest, task=MULTILABEL.name,
-                                      class_names=record.class_names or names,
-                                      class_num=record.class_num or len(names),
-                                      source=f"{checkpoint_path} ({path})")
+            if record.task is not None and record.task != kind.task.name:
+                raise RecordError(f"{path} holds {kind.what} for {checkpoint_path}'s weights, "
+                                  f"for a {kind.task.name} model, but it records task "
+                                  f"{record.task}: move {path} away")
+            extra = {kind.weights_field: digest} if kind.weights_field else {}
+            tuned = record.with_values(**{kind.field: entry.get(kind.field)}, **extra,
+                                       task=kind.task.name,
+                                       class_names=record.class_names or names,
+                                       class_num=record.class_num or len(names),
+                                       source=f"{checkpoint_path} ({path})")
+            LOGGER.info("%s: %s %s from %s (%s on its weights)", checkpoint_path, kind.field,
+                        _shown(getattr(tuned, kind.field)), path, kind.verb)
+            return tuned
     tuned_on = ", ".join(str(e.get("checkpoint")) for e in entries if isinstance(e, dict))
-    LOGGER.warning("%s holds thresholds tuned on other weights (%s); %s has other weights and "
-                   "uses %s", path, tuned_on or "none", checkpoint_path, own)
+    LOGGER.warning("%s holds %s %s on other weights (%s); %s has other weights and uses %s",
+                   path, kind.what, kind.verb, tuned_on or "none", checkpoint_path,
+                   kind.default(record))
     return record
 
 
-def write_tuned_thresholds(checkpoint_path: str, class_names: Sequence[str], thresholds,
-                           digest: str) -> str:
-    """Record ``thresholds`` (one per class, in [0, 1]) tuned on the weights of SHA-256
-    ``digest`` in ``thresholds.json`` beside ``checkpoint_path``, atomically, keeping the
-    entries of other weights; returns its path.
+def tuned_thresholds(checkpoint_path: str, record: ModelRecord, digest_of) -> ModelRecord:
+    """``apply_tuned`` of ``thresholds.json``."""
+    return apply_tuned(THRESHOLDS, checkpoint_path, record, digest_of)
+
+
+def write_tuned(kind: TunedValues, checkpoint_path: str, class_names: Sequence[str], value,
+                digest: str, *, about: dict | None = None) -> str:
+    """Record ``value`` of ``kind.field`` (thresholds: one per class in [0, 1]; temperature: a
+    number above 0), tuned on the weights of SHA-256 ``digest``, in the file of ``kind``
+    beside ``checkpoint_path``, atomically, keeping the entries of other weights; ``about``:
+    more keys of the entry (what it was tuned on). Returns the file's path.
 
     Raises:
-        RecordError: If an existing file has other class names, or the counts differ.
+        RecordError: If ``value`` is malformed, an existing file has other class names, or
+            the counts differ.
         WriteError: If it cannot be written.
     """
-    values = [float(v) for v in thresholds]
+    value = [float(v) for v in value] if kind.field == "thresholds" else float(value)
     from_dict({"class_num": len(class_names), "class_names": list(class_names),
-               "thresholds": values}, source=THRESHOLDS_FILE)
-    path = thresholds_path(checkpoint_path)
+               kind.field: value}, source=kind.file)
+    path = tuned_path(checkpoint_path, kind)
     entries = []
     if os.path.isfile(path):
         try:
-            content = _read_thresholds_file(path)
+            content = _read_tuned_file(path, kind)
         except RecordError:
             content = {}
         if content and content["class_names"] != list(class_names):
-            raise RecordError(f"{path} holds thresholds for the classes "
+            raise RecordError(f"{path} holds {kind.what} for the classes "
                               f"{_shown(content['class_names'])}, not "
                               f"{_shown(list(class_names))}: move it away first")
         entries = [e for e in content.get("tuned", []) if isinstance(e, dict)
                    and e.get("weights_sha256") != digest]
     entries.append({"weights_sha256": digest, "checkpoint": os.path.basename(checkpoint_path),
-                    "thresholds": values})
-    atomic_write_text(path, json.dumps({"task": MULTILABEL.name,
+                    kind.field: value, **(about or {})})
+    atomic_write_text(path, json.dumps({"task": kind.task.name,
                                         "class_names": list(class_names),
                                         "tuned": entries}, indent=1) + "\n")
     return path
+
+
+def write_tuned_thresholds(checkpoint_path: str, class_names: Sequence[str], thresholds,
+                           digest: str) -> str:
+    """``write_tuned`` of ``thresholds.json``."""
+    return write_tuned(THRESHOLDS, checkpoint_path, class_names, thresholds, digest)
