@@ -56,10 +56,16 @@ from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, image_folder_files
 from src.data.settings import Sampling
 from src.deploy import formats, gradcam
+from src.deploy.calibration_report import (
+    DIAGRAM_FILE,
+    calibration_line,
+    calibration_result,
+    plot_reliability,
+)
 from src.deploy.inference import load_network
 from src.deploy.multilabel_report import MultiLabelReport
 from src.deploy.outputs import model_probabilities, model_thresholds
-from src.deploy.records import write_tuned_thresholds
+from src.deploy.records import CALIBRATION, write_tuned, write_tuned_thresholds
 from src.deploy.report import ClassReport, plot_confusion
 from src.deploy.report_page import build_report_page, run_folder_of
 from src.models.bn_fold import fold_batchnorm
@@ -78,6 +84,7 @@ from src.recipe import (
 from src.training.loss import CrossEntropySmooth, create_loss
 from src.training.model import classification_metrics
 from src.utils import device
+from src.utils.calibration import check_fit_images, fit_temperature
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.errors import UserError
@@ -90,7 +97,7 @@ from src.utils.throughput import synthetic_batch, throughput_report, time_calls
 from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 from src.utils.tracking import TensorBoardLog
 
-SECTIONS = ("network", "data", "device", "outputs", "performance", "model file")
+SECTIONS = ("network", "data", "device", "outputs", "performance", "model file", "calibration")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
@@ -155,7 +162,7 @@ class FolderScoring:
         self.metrics["top1"].update(logits, labels)
         self.metrics["top5"].update(logits, labels)
         self.metrics["loss"].update(self.loss_fn(ms.Tensor(logits), ms.Tensor(labels)))
-        self.report.update(logits, labels)
+        self.report.update(logits / np.float32(self.model.temperature or 1.0), labels)  # its T
 
     def result(self):
         """(the summary's scores, the per-class details)."""
@@ -260,6 +267,100 @@ SCORINGS = {MULTICLASS.name: FolderScoring, MULTILABEL.name: LabelFileScoring}
 """The scoring of each task (``src.utils.tasks.TASKS``) by name."""
 
 
+class Calibrating:
+    """A single-label scoring that also keeps every image's logits and label: with
+    ``--calibrate temperature`` it fits T on them (``fit_temperature``: the NLL of
+    softmax(logits / T)) and records it in calibration.json for the checkpoint's weights;
+    otherwise T is the model's recorded one. Adds the calibration before (T = 1) and after
+    (ECE, adaptive ECE, NLL, Brier, top-1) to the summary, the reliability bins to the
+    details, and the reliability diagram (docs/calibration.md)."""
+
+    def __init__(self, cfg, model, scoring):
+        self.cfg, self.model, self.scoring = cfg, model, scoring
+        self.kept_logits, self.kept_labels = [], []  # not .labels: the scoring's label table
+
+    @classmethod
+    def wrap(cls, cfg, model, scoring):
+        """``scoring`` wrapped when ``--calibrate temperature`` or the model records a
+        temperature (single-label models); else ``scoring`` itself.
+
+        Raises:
+            ConfigError: For ``--calibrate temperature`` on a multi-label model or on a file
+                other than a ``.ckpt`` (names it and what to do instead).
+        """
+        if cfg.calibrate == "temperature":
+            if model.task_object.multi_hot:
+                raise ConfigError(
+                    f"calibrate temperature: {cfg.checkpoint_path} is a "
+                    f"{model.task_object.name} model (a sigmoid per class); temperature "
+                    f"scaling is for single-label (softmax) models here, per-class calibration "
+                    f"of multi-label models is not built yet "
+                    f"(docs/calibration.md#multi-label-models): use calibrate none")
+            if formats.model_suffix(cfg.checkpoint_path) != ".ckpt":
+                raise ConfigError(
+                    f"calibrate temperature writes calibration.json beside a .ckpt "
+                    f"checkpoint; {cfg.checkpoint_path} is not one (calibrate the checkpoint, "
+                    f"then export it: the file records the temperature)")
+            images = getattr(scoring.report, "images", None)  # class folders: known already
+            if images is not None:
+                check_fit_images(len(images), model.class_num)
+        elif model.temperature is None or model.task_object.multi_hot:
+            return scoring
+        return cls(cfg, model, scoring)
+
+    def __getattr__(self, name):  # labels, loss_name, annotate: the scoring's
+        return getattr(self.scoring, name)
+
+    def update(self, logits, labels):
+        self.scoring.update(logits, labels)
+        self.kept_logits.append(np.array(logits, np.float32))
+        self.kept_labels.append(np.asarray(labels).astype(np.int64))
+
+    def result(self):
+        """The scoring's result with ``calibration`` and ``reliability`` (the diagram drawn,
+        the temperature fitted and recorded first when asked)."""
+        scores, details = self.scoring.result()
+        cfg, classes = self.cfg, self.model.class_num
+        logits = (np.concatenate(self.kept_logits) if self.kept_logits
+                  else np.zeros((0, classes), np.float32))
+        labels = (np.concatenate(self.kept_labels) if self.kept_labels
+                  else np.zeros(0, np.int64))
+        fitted = cfg.calibrate == "temperature"
+        temperature = self.model.temperature
+        if fitted:
+            temperature, at_end = fit_temperature(logits, labels)
+            names = self.model.class_names or self.scoring.report.names
+            written = write_tuned(CALIBRATION, cfg.checkpoint_path, names, temperature,
+                                  checkpoint_digest(cfg)(self.model),
+                                  about={"images": int(len(labels)), "data_path": cfg.data_path,
+                                         "split_file": cfg.split_file or None, "tta": cfg.tta})
+            print(f"temperature {temperature:.4f} fitted on these {len(labels)} images, "
+                  f"recorded for the weights of {cfg.checkpoint_path}: {written}")
+            if at_end:
+                print(f"warning: the fitted temperature {temperature:.4g} is at an end of the "
+                      f"range searched: the NLL still falls beyond it (every image right, or "
+                      f"a model no better than chance on these images)")
+        summary, reliability = calibration_result(logits, labels, temperature, fitted=fitted)
+        picture = os.path.join(cfg.output_dir, DIAGRAM_FILE)
+        try:
+            plot_reliability(reliability, summary, picture)
+            summary["reliability_diagram"] = DIAGRAM_FILE
+        except UserError as err:  # no matplotlib: the numbers are written, the picture is not
+            print(f"no {DIAGRAM_FILE}: {err}")
+        return {**scores, "calibration": summary}, {**details, "reliability": reliability}
+
+    def write(self, summary, details, out):
+        """The scoring's lines and pictures, then the calibration line; returns the page's
+        extra keywords."""
+        extras = self.scoring.write(summary, details, out)
+        calibration = summary["calibration"]
+        print(calibration_line(calibration))
+        if "reliability_diagram" in calibration:
+            print(f"reliability diagram: "
+                  f"{os.path.join(self.cfg.output_dir, calibration['reliability_diagram'])}")
+        return extras
+
+
 def benchmark_inference(cfg):
     """``--benchmark_steps N``: N forward passes of ``batch_size`` synthetic images at
     ``eval_image_size``, through the model as eval.py runs it (``--checkpoint_path`` .ckpt,
@@ -329,6 +430,7 @@ def main(argv=None):
     check_data_classes(cfg, model)
     indices = split_indices(cfg)  # None: every image (or row of label_file)
     scoring = SCORINGS[model.task_object.name](cfg, model, indices)
+    scoring = Calibrating.wrap(cfg, model, scoring)  # calibrate, or a recorded temperature
     # before the evaluation, not after it; created when the result is written (a run
     # refused by a later check, e.g. of the checkpoint, leaves no empty folder)
     check_output_dir(cfg.output_dir, create=False)

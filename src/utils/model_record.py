@@ -47,7 +47,8 @@ class ModelRecord:
             ``interpolation``.
         loss (Mapping): The training loss: ``loss`` (name) and its settings
             (``asl_gamma_neg``, ``asl_gamma_pos``, ``asl_clip``, ``pos_weight`` (K,) ...).
-        temperature (float): Softmax temperature of calibration (room for it; unused yet).
+        temperature (float): Calibration temperature T > 0: probabilities of logits / T
+            (``src.deploy.outputs.model_probabilities``; ``eval.py --calibrate temperature``).
         ood_score (str), ood_threshold (float): Rejection score and its threshold (room).
         source (str): Where it was read from, for messages (not part of equality).
     """
