@@ -7,6 +7,8 @@
     python eval.py --checkpoint_path CKPT --runtime onnxruntime --data_path /data/imagenet/val
     python eval.py --checkpoint_path OUT/resnet50-best.ckpt --data_path FOLDER \
         --split_file OUT/val_split.txt    # the part train.py --val_split held out
+    python eval.py --checkpoint_path OUT/resnet50-best.ckpt --data_path FOLDER \
+        --split_file OUT/val_split.txt --calibrate temperature    # fit T there, record it
 
 --checkpoint_path takes a .ckpt (MindSpore, graph mode), Hub weights (``hf-hub:ORG/NAME``, a
 safetensors folder or file, whose network, class count and eval preprocessing are used for the
@@ -31,7 +33,11 @@ images of ``--label_file``: mAP, per-class AP / precision / recall / F1 at its t
 checkpoint, for its weights), ``per_class.csv``/``.md``, ``pr_curves.png`` and the page:
 docs/multilabel.md. The model file's record (docs/deployment.md#the-model-record) gives its
 network, classes, task and eval preprocessing: no --config_path is needed, and data of other
-class names than the model's is refused naming both.
+class names than the model's is refused naming both. ``--calibrate temperature`` fits a
+single-label model's softmax temperature on the images evaluated and records it in
+calibration.json beside the checkpoint, for its weights; a run with it, or of a model that
+records a temperature, reports ECE, adaptive ECE, NLL, Brier and top-1 before and after it and
+draws ``reliability_diagram.png`` (docs/calibration.md).
 
     python eval.py --config_path configs/multilabel_quick_start.yaml \
         --checkpoint_path output/multilabel_quick_start/resnet18-best.ckpt \

@@ -252,8 +252,9 @@ def test_eval_calibrates_a_checkpoint_and_predict_applies_it_also_from_its_onnx(
         quick_start, tmp_path, caplog):
     """The quick start's ResNet-18 calibrated on the 200 shipped test images: the temperature
     is torch's fit on the network's logits, the measures before and after are the torch
-    binning's, predict on the checkpoint and on its ONNX export gives softmax(logits / T), a
-    checkpoint of the folder with other weights stays at T = 1, an ONNX is not calibrated."""
+    binning's, predict on the checkpoint and on its ONNX export gives softmax(logits / T), as
+    do the ONNX's eval and its misclassified images, a checkpoint of the folder with other
+    weights stays at T = 1, an ONNX is not calibrated."""
     from src.data.settings import EvalPreprocess
     from src.deploy.inference import load_network, preprocess_images
     from src.deploy.records import read_model_record
@@ -301,10 +302,11 @@ def test_eval_calibrates_a_checkpoint_and_predict_applies_it_also_from_its_onnx(
     with caplog.at_level(logging.WARNING):
         assert resolve_model(parse_config(["--checkpoint_path", b])).temperature is None
     assert "calibration.json holds a temperature fitted on other weights (a.ckpt)" in caplog.text
-    expected = torch.softmax(torch.from_numpy(logits) / temperature, 1).numpy()
+    cats = [i for i, path in enumerate(paths) if os.path.dirname(path).endswith("cat")]
+    expected = torch.softmax(torch.from_numpy(logits[cats]) / temperature, 1).numpy()
     on_ckpt = predicted(succeeded(run_in_process(
-        "predict.py", "--checkpoint_path", a, "--image_path", TEST, "--top_k", "10",
-        "--batch_size", "50")))
+        "predict.py", "--checkpoint_path", a, "--image_path", os.path.join(TEST, "cat"),
+        "--top_k", "10", "--batch_size", "20")))
     np.testing.assert_allclose(on_ckpt, expected, rtol=0, atol=2e-6)
 
     onnx = str(tmp_path / "a")
@@ -312,9 +314,23 @@ def test_eval_calibrates_a_checkpoint_and_predict_applies_it_also_from_its_onnx(
                              "--file_name", onnx, "--dynamic_batch", "true"))
     assert read_model_record(onnx + ".onnx").temperature == temperature
     on_onnx = predicted(succeeded(run_in_process(
-        "predict.py", "--checkpoint_path", onnx + ".onnx", "--image_path", TEST, "--top_k",
-        "10", "--batch_size", "50")))
+        "predict.py", "--checkpoint_path", onnx + ".onnx", "--image_path",
+        os.path.join(TEST, "cat"), "--top_k", "10", "--batch_size", "20")))
     np.testing.assert_allclose(on_onnx, expected, rtol=0, atol=1e-5)  # BatchNorms folded
+    split = tmp_path / "cats.txt"  # eval of the ONNX: its recorded T, in the mistakes too
+    split.write_text("".join(f"cat/{os.path.basename(paths[i])}\n" for i in cats),
+                     encoding="utf-8")
+    succeeded(run_in_process("eval.py", "--checkpoint_path", onnx + ".onnx", "--data_path", TEST,
+                             "--split_file", split, "--batch_size", "20", "--cam_images", "0",
+                             "--output_dir", tmp_path / "eval_onnx"))
+    with open(tmp_path / "eval_onnx" / "eval_result.json", encoding="utf-8") as f:
+        on_cats = json.load(f)
+    assert on_cats["calibration"]["temperature"] == temperature
+    assert not on_cats["calibration"]["fitted_here"] and on_cats["misclassified"]
+    names = [os.path.basename(paths[i]) for i in cats]
+    for entry in on_cats["misclassified"]:
+        row = expected[names.index(os.path.basename(entry["image"]))]
+        assert entry["probability"] == pytest.approx(row.max(), abs=1e-5)
     refused = run_in_process("eval.py", "--checkpoint_path", onnx + ".onnx", "--data_path",
                              TEST, "--calibrate", "temperature", "--output_dir", out)
     assert refused.returncode == 2, refused.stderr
