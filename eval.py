@@ -7,6 +7,8 @@
     python eval.py --checkpoint_path CKPT --runtime onnxruntime --data_path /data/imagenet/val
     python eval.py --checkpoint_path OUT/resnet50-best.ckpt --data_path FOLDER \
         --split_file OUT/val_split.txt    # the part train.py --val_split held out
+    python eval.py --checkpoint_path OUT/resnet50-best.ckpt --data_path FOLDER \
+        --split_file OUT/val_split.txt --calibrate temperature    # fit T there, record it
 
 --checkpoint_path takes a .ckpt (MindSpore, graph mode), Hub weights (``hf-hub:ORG/NAME``, a
 safetensors folder or file, whose network, class count and eval preprocessing are used for the
@@ -31,7 +33,11 @@ images of ``--label_file``: mAP, per-class AP / precision / recall / F1 at its t
 checkpoint, for its weights), ``per_class.csv``/``.md``, ``pr_curves.png`` and the page:
 docs/multilabel.md. The model file's record (docs/deployment.md#the-model-record) gives its
 network, classes, task and eval preprocessing: no --config_path is needed, and data of other
-class names than the model's is refused naming both.
+class names than the model's is refused naming both. ``--calibrate temperature`` fits a
+single-label model's softmax temperature on the images evaluated and records it in
+thresholds.json beside the checkpoint, for its weights; a run with it, or of a model that
+records a temperature, reports ECE, adaptive ECE, NLL, Brier and top-1 before and after it and
+draws ``reliability_diagram.png`` (docs/calibration.md).
 
     python eval.py --config_path configs/multilabel_quick_start.yaml \
         --checkpoint_path output/multilabel_quick_start/resnet18-best.ckpt \
@@ -56,6 +62,12 @@ from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
 from src.data.pipeline import class_names_of, count_images, image_folder_files
 from src.data.settings import Sampling
 from src.deploy import formats, gradcam
+from src.deploy.calibration_report import (
+    DIAGRAM_FILE,
+    calibration_line,
+    calibration_result,
+    plot_reliability,
+)
 from src.deploy.inference import chunks, list_images, load_network, preprocess_images
 from src.deploy.multilabel_report import MultiLabelReport
 from src.deploy.ood_report import HISTOGRAM_FILE, ood_summary, plot_histograms, summary_line
@@ -80,6 +92,7 @@ from src.recipe import (
 from src.training.loss import CrossEntropySmooth, create_loss
 from src.training.model import classification_metrics
 from src.utils import device
+from src.utils.calibration import check_fit_images, fit_temperature
 from src.utils.cli import run_entry_point
 from src.utils.config import ConfigError, parse_config
 from src.utils.errors import MissingFileError, UserError
@@ -94,7 +107,7 @@ from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
 from src.utils.tracking import TensorBoardLog
 
 SECTIONS = ("network", "data", "device", "outputs", "performance", "model file",
-            "out-of-distribution")
+            "calibration", "out-of-distribution")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
@@ -159,7 +172,7 @@ class FolderScoring:
         self.metrics["top1"].update(logits, labels)
         self.metrics["top5"].update(logits, labels)
         self.metrics["loss"].update(self.loss_fn(ms.Tensor(logits), ms.Tensor(labels)))
-        self.report.update(logits, labels)
+        self.report.update(logits / np.float32(self.model.temperature or 1.0), labels)  # its T
 
     def result(self):
         """(the summary's scores, the per-class details)."""
@@ -350,6 +363,102 @@ class OutOfDistribution:
         return dict(scores, ood=result)
 
 
+class Calibrating:
+    """A single-label scoring that also keeps every image's logits and label: with
+    ``--calibrate temperature`` it fits T on them (``fit_temperature``: the NLL of
+    softmax(logits / T)) and records it in thresholds.json for the checkpoint's weights;
+    otherwise T is the model's recorded one. Adds the calibration before (T = 1) and after
+    (ECE, adaptive ECE, NLL, Brier, top-1) to the summary, the reliability bins to the
+    details, and the reliability diagram (docs/calibration.md)."""
+
+    def __init__(self, cfg, model, scoring):
+        self.cfg, self.model, self.scoring = cfg, model, scoring
+        self.kept_logits, self.kept_labels = [], []  # not .labels: the scoring's label table
+
+    @classmethod
+    def wrap(cls, cfg, model, scoring):
+        """``scoring`` wrapped when ``--calibrate temperature`` or the model records a
+        temperature (single-label models); else ``scoring`` itself.
+
+        Raises:
+            ConfigError: For ``--calibrate temperature`` on a multi-label model or on a file
+                other than a ``.ckpt`` (names it and what to do instead).
+        """
+        if cfg.calibrate == "temperature":
+            if model.task_object.multi_hot:
+                raise ConfigError(
+                    f"calibrate temperature: {cfg.checkpoint_path} is a "
+                    f"{model.task_object.name} model (a sigmoid per class); temperature "
+                    f"scaling is for single-label (softmax) models here, per-class calibration "
+                    f"of multi-label models is not built yet "
+                    f"(docs/calibration.md#multi-label-models): use calibrate none")
+            if formats.model_suffix(cfg.checkpoint_path) != ".ckpt":
+                raise ConfigError(
+                    f"calibrate temperature writes thresholds.json beside a .ckpt "
+                    f"checkpoint; {cfg.checkpoint_path} is not one (calibrate the checkpoint, "
+                    f"then export it: the file records the temperature)")
+            images = getattr(scoring.report, "images", None)  # class folders: known already
+            if images is not None:
+                check_fit_images(len(images), model.class_num)
+        elif model.temperature is None or model.task_object.multi_hot:
+            return scoring
+        return cls(cfg, model, scoring)
+
+    def __getattr__(self, name):  # labels, loss_name, annotate: the scoring's
+        return getattr(self.scoring, name)
+
+    def update(self, logits, labels):
+        self.scoring.update(logits, labels)
+        self.kept_logits.append(np.array(logits, np.float32))
+        self.kept_labels.append(np.asarray(labels).astype(np.int64))
+
+    def result(self):
+        """The scoring's result with ``calibration`` and ``reliability`` (the diagram drawn,
+        the temperature fitted and recorded first when asked)."""
+        scores, details = self.scoring.result()
+        cfg, classes = self.cfg, self.model.class_num
+        logits = (np.concatenate(self.kept_logits) if self.kept_logits
+                  else np.zeros((0, classes), np.float32))
+        labels = (np.concatenate(self.kept_labels) if self.kept_labels
+                  else np.zeros(0, np.int64))
+        fitted = cfg.calibrate == "temperature"
+        temperature = self.model.temperature
+        if fitted:
+            temperature, at_end = fit_temperature(logits, labels)
+            names = self.model.class_names or self.scoring.report.names
+            written = write_tuned_values(
+                cfg.checkpoint_path, names,
+                {"temperature": temperature,
+                 "calibrated_on": {"images": int(len(labels)), "data_path": cfg.data_path,
+                                   "split_file": cfg.split_file or None, "tta": cfg.tta}},
+                checkpoint_digest(cfg)(self.model), task=self.model.task_object.name)
+            print(f"temperature {temperature:.4f} fitted on these {len(labels)} images, "
+                  f"recorded for the weights of {cfg.checkpoint_path}: {written}")
+            if at_end:
+                print(f"warning: the fitted temperature {temperature:.4g} is at an end of the "
+                      f"range searched: the NLL still falls beyond it (every image right, or "
+                      f"a model no better than chance on these images)")
+        summary, reliability = calibration_result(logits, labels, temperature, fitted=fitted)
+        picture = os.path.join(cfg.output_dir, DIAGRAM_FILE)
+        try:
+            plot_reliability(reliability, summary, picture)
+            summary["reliability_diagram"] = DIAGRAM_FILE
+        except UserError as err:  # no matplotlib: the numbers are written, the picture is not
+            print(f"no {DIAGRAM_FILE}: {err}")
+        return {**scores, "calibration": summary}, {**details, "reliability": reliability}
+
+    def write(self, summary, details, out):
+        """The scoring's lines and pictures, then the calibration line; returns the page's
+        extra keywords."""
+        extras = self.scoring.write(summary, details, out)
+        calibration = summary["calibration"]
+        print(calibration_line(calibration))
+        if "reliability_diagram" in calibration:
+            print(f"reliability diagram: "
+                  f"{os.path.join(self.cfg.output_dir, calibration['reliability_diagram'])}")
+        return extras
+
+
 def benchmark_inference(cfg):
     """``--benchmark_steps N``: N forward passes of ``batch_size`` synthetic images at
     ``eval_image_size``, through the model as eval.py runs it (``--checkpoint_path`` .ckpt,
@@ -419,6 +528,7 @@ def main(argv=None):
     check_data_classes(cfg, model)
     indices = split_indices(cfg)  # None: every image (or row of label_file)
     scoring = SCORINGS[model.task_object.name](cfg, model, indices)
+    scoring = Calibrating.wrap(cfg, model, scoring)  # calibrate, or a recorded temperature
     ood = OutOfDistribution(cfg, model, scoring)  # checked before the evaluation
     # before the evaluation, not after it; created when the result is written (a run
     # refused by a later check, e.g. of the checkpoint, leaves no empty folder)

@@ -32,10 +32,12 @@ LOGGER = logging.getLogger(__name__)
 THRESHOLDS_FILE = "thresholds.json"
 """Beside a checkpoint: ``{"task", "class_names", "tuned": [{"weights_sha256", "checkpoint",
 and the ``TUNED_FIELDS`` tuned}, ...]}``, one entry per tuned set of weights."""
-TUNED_FIELDS = ("thresholds", "ood_score", "ood_threshold")
-"""The record's fields tuned on weights (eval.py ``--tune_thresholds``, ``--tune_ood``)."""
+TUNED_FIELDS = ("thresholds", "ood_score", "ood_threshold", "temperature")
+"""The record's fields tuned on weights (eval.py ``--tune_thresholds``, ``--tune_ood``,
+``--calibrate temperature``)."""
 UNTUNED = {"thresholds": "0.5 for every class", "ood_threshold": "no out-of-distribution "
-                                                                  "threshold"}
+                                                                  "threshold",
+           "temperature": "no temperature (T = 1)"}
 """What a record uses for a field that is not tuned (in the warnings)."""
 LEGACY_KEYS = ("task", "thresholds", "label_names", "tta")
 """The flat metadata keys of graphs exported before the record (read, no longer written)."""
@@ -201,7 +203,7 @@ def _read_thresholds_file(path: str) -> dict:
             or not isinstance(content.get("class_names"), list):
         raise RecordError(f"{path}: expected a JSON object with a task ({', '.join(TASKS)}), "
                           f"class_names and tuned values (written by eval.py "
-                          f"--tune_thresholds true or --tune_ood true)")
+                          f"--tune_thresholds, --tune_ood or --calibrate temperature)")
     return content
 
 

@@ -6,6 +6,8 @@ on a column), the confusion matrix (its top confusions past ``FULL_PLOT_CLASSES`
 first misclassified images with their top-3 and Grad-CAM overlay (an entry's ``cam``, a path
 relative to the output folder), the eval and training configs, the training curves of the
 checkpoint's ``metrics.jsonl``. All text is escaped. See docs/deployment.md#report-page.
+A single-label result with a calibration (``eval.py --calibrate temperature``, or a model that
+records a temperature) has its table before and after and the reliability diagram.
 A multi-label result (``task`` multilabel: ``MultiLabelReport.summary()``) has mAP in the
 headline, per-class AP, the precision-recall picture and the images of largest error instead
 (docs/multilabel.md#report-page).
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from src.data.transforms import decode_rgb
+from src.deploy.calibration_report import SCORE_KEYS, SCORE_NAMES
 from src.deploy.report import FULL_PLOT_CLASSES, TOP_CONFUSIONS, top_confusions
 from src.utils.curves import MetricsError, plot_runs, read_metrics
 from src.utils.tasks import DEFAULT_TASK, MULTICLASS, MULTILABEL
@@ -28,7 +31,7 @@ THUMBNAIL_SIDE = 128  # px, longest side of an embedded image (JPEG)
 METRICS_FILE, TRAIN_CONFIG_FILE = "metrics.jsonl", "config.yaml"  # beside the checkpoint
 HEADLINE = (("top1", "top-1"), ("top5", "top-5"), ("loss", "loss"), ("images", "images"))
 REPORT_KEYS = ("per_class", "confusion_matrix", "misclassified",  # sections of their own
-               "largest_errors", "ood")
+               "largest_errors", "ood", "calibration", "reliability")
 CLASS_COLUMNS = (("class", "number"), ("name", "text"), ("images", "number"),
                  ("accuracy", "number"), ("precision", "number"), ("recall", "number"),
                  ("f1", "number"))
@@ -329,12 +332,39 @@ def ood_section(ood: dict, output_dir: str) -> tuple[str, str, str]:
     return "out-of-distribution", "Out-of-distribution scores", body
 
 
+def calibration_section(calibration: dict, output_dir: str) -> str:
+    """A calibration summary (``src.deploy.calibration_report.calibration_result``): its
+    measures before (T = 1) and after the temperature as a table, and its reliability
+    diagram (``reliability_diagram``, relative to ``output_dir``) embedded, or a note."""
+    how = "fitted on these images" if calibration["fitted_here"] else "the model's recorded one"
+    rows = "".join(f'<tr><th class="text">{esc(SCORE_NAMES[k])}</th>'
+                   f'<td>{number(calibration["before"][k])}</td>'
+                   f'<td>{number(calibration["after"][k])}</td></tr>' for k in SCORE_KEYS)
+    table = (f'<p>temperature {calibration["temperature"]:.4f} ({esc(how)}), '
+             f'{calibration["images"]} images, {calibration["bins"]} bins</p>'
+             f'<table id="calibration"><thead><tr><th></th><th>T = 1</th>'
+             f'<th>T = {calibration["temperature"]:.4f}</th></tr></thead>'
+             f"<tbody>{rows}</tbody></table>")
+    picture = calibration.get("reliability_diagram")
+    if picture is None:
+        return table + '<p class="note">no reliability diagram (matplotlib not installed)</p>'
+    try:
+        with open(os.path.join(output_dir, picture), "rb") as f:
+            return table + png_tag(f.read(), "reliability-diagram", "reliability diagram")
+    except OSError as err:
+        return table + (f'<p class="note">reliability diagram not shown: {esc(picture)}: '
+                        f"{esc(err)}</p>")
+
+
 def multiclass_sections(result: dict, *, output_dir: str, shown: int, exif_transpose: bool,
                         pr_curves: str | None) -> list[tuple[str, str, str]]:
-    """The sections of a multi-class result: per class, confusion matrix, misclassified, and
-    the out-of-distribution scores when evaluated."""
+    """The sections of a multi-class result: per class, calibration (when the result has
+    one), confusion matrix, misclassified, and the out-of-distribution scores when evaluated."""
     names = [c["name"] for c in result["per_class"]]
-    return [class_section(result["per_class"], CLASS_COLUMNS),
+    calibration = ([("calibration-section", "Calibration",
+                     calibration_section(result["calibration"], output_dir))]
+                   if "calibration" in result else [])
+    return [class_section(result["per_class"], CLASS_COLUMNS), *calibration,
             ("confusion-matrix", "Confusion matrix",
              confusion_section(result["confusion_matrix"], names)),
             ("misclassified-images", "Misclassified images",

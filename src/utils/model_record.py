@@ -49,7 +49,8 @@ class ModelRecord:
             ``interpolation``.
         loss (Mapping): The training loss: ``loss`` (name) and its settings
             (``asl_gamma_neg``, ``asl_gamma_pos``, ``asl_clip``, ``pos_weight`` (K,) ...).
-        temperature (float): Softmax temperature of calibration (room for it; unused yet).
+        temperature (float): Calibration temperature T > 0: probabilities of logits / T
+            (``src.deploy.outputs.model_probabilities``; ``eval.py --calibrate temperature``).
         ood_score (str): The out-of-distribution score of ``ood_threshold`` (one of
             ``src.utils.ood.OOD_SCORES``, of the raw logits).
         ood_threshold (float): An image scoring below it is unknown (single-label only).
