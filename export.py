@@ -181,6 +181,7 @@ def main(argv=None):
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
     model = resolve_model(given)  # the model file's record; the config for what it lacks
     cfg = model_config(given, model)
+    cfg["file_name"] = export_stem(cfg.file_name, cfg.file_format)  # "m.onnx": m.onnx, once
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)
@@ -201,6 +202,27 @@ def main(argv=None):
         return export_locked(cfg, model)
     finally:
         lock.release()
+
+
+def export_stem(file_name, file_format):
+    """``file_name`` without the suffix ``file_format`` adds, when it already ends in it
+    (``--file_name model.onnx`` writes ``model.onnx``, not ``model.onnx.onnx``).
+
+    Raises:
+        ConfigError: If it ends in another format's suffix (``--file_format ONNX --file_name
+            model.mindir``): the file would not be what its name says.
+    """
+    stem, suffix = os.path.splitext(file_name)
+    own = formats.FORMATS[file_format].suffix
+    if own and suffix.lower() == own:
+        return stem
+    for name, fmt in formats.FORMATS.items():
+        if fmt.suffix and suffix.lower() == fmt.suffix:
+            raise ConfigError(f"file_name {file_name} ends in {suffix}, a {name} file, but "
+                              f"file_format {file_format} writes {own or 'a folder'}: give "
+                              f"--file_name {stem} (the suffix is added), or --file_format "
+                              f"{name}")
+    return file_name
 
 
 def lock_export(cfg):

@@ -87,3 +87,24 @@ def test_the_file_format_choices_are_the_registered_formats():
     formats: a format added to one is added to the other."""
     _, _, choices = load_schema()
     assert sorted(choices["file_format"]) == sorted(FORMATS)
+
+
+@pytest.mark.slow  # a real ONNX export
+def test_a_file_name_with_its_suffix_is_written_once_and_another_formats_is_refused(tmp_path):
+    """``--file_name m.onnx`` writes m.onnx (it wrote m.onnx.onnx), ``M.ONNX`` likewise;
+    ``--file_format ONNX --file_name m.mindir`` is refused by name before any export."""
+    from tests.helpers import run_in_process, succeeded
+
+    ckpt = str(tmp_path / "r18.ckpt")
+    ms.save_checkpoint(create_network("resnet18", class_num=10), ckpt)
+    for given in ("m.onnx", "n.ONNX"):
+        succeeded(run_in_process("export.py", *ARGS, "--checkpoint_path", ckpt, "--file_format",
+                                 "ONNX", "--file_name", tmp_path / given))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "n.onnx", "r18.ckpt"]
+    assert export.export_stem("out/m.v2", "ONNX") == "out/m.v2"  # another dot: kept
+    refused = run_in_process("export.py", *ARGS, "--checkpoint_path", ckpt, "--file_format",
+                             "ONNX", "--file_name", tmp_path / "m.mindir")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert (f"file_name {tmp_path / 'm.mindir'} ends in .mindir, a MINDIR file, but file_format "
+            f"ONNX writes .onnx") in refused.stderr
+    assert not (tmp_path / "m.mindir.onnx").exists()

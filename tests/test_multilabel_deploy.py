@@ -295,3 +295,36 @@ def test_every_format_predicts_sigmoid_labels_above_the_models_thresholds(multil
     for source in files.values():
         with pytest.raises(ConfigError, match="task multiclass: .* is a multilabel model"):
             resolved_task(config_of("--checkpoint_path", source, "--task", "multiclass"))
+
+
+# ---- the three mutations of outputs.py the audit listed ----
+
+def test_softmax_of_large_logits_has_no_nan_and_labels_include_the_threshold_itself():
+    """softmax shifts by the row's maximum (without it exp(1000) is inf and the row NaN);
+    a label is given at a probability equal to its threshold (eval's ``>=``); torch is the
+    reference."""
+    from src.deploy.outputs import labels_above
+
+    logits = np.array([[1000.0, 0.0, -1000.0], [89.0, 88.0, 0.0]], np.float32)
+    got = probabilities(logits, "multiclass")
+    np.testing.assert_allclose(got, torch.softmax(torch.from_numpy(logits), 1).numpy(),
+                               rtol=1e-6, atol=0)
+    assert np.isfinite(got).all()
+    probs = np.array([0.5, 0.3, 0.7], np.float64)
+    labels = labels_above(probs, np.array([0.5, 0.31, 0.7]), ["a", "b", "c"])
+    assert [entry["name"] for entry in labels] == ["c", "a"]
+
+
+def test_a_json_true_is_no_threshold(tmp_path):
+    """``true`` in a record's thresholds (JSON's boolean, which Python's ``int`` would take as
+    1) is refused naming the field, in a record, in thresholds.json and in old metadata."""
+    with pytest.raises(RecordError, match="field thresholds is True"):
+        from_dict({"class_num": 2, "task": "multilabel", "thresholds": [True, 0.5]}, "m.onnx")
+    ckpt = str(tmp_path / "m.ckpt")
+    (tmp_path / THRESHOLDS_FILE).write_text(json.dumps(
+        {"task": "multilabel", "class_names": NAMES,
+         "tuned": [{"weights_sha256": "a" * 64, "thresholds": [True, 0.5, 0.5, 0.5, 0.5]}]}),
+        encoding="utf-8")
+    record = ModelRecord(class_num=CLASSES, class_names=tuple(NAMES), task="multilabel")
+    with pytest.raises(RecordError, match="field thresholds is True"):
+        tuned_values(ckpt, record, lambda r: "a" * 64)
