@@ -56,28 +56,42 @@ import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
 
-from src.data import pipeline
-from src.data.class_names import CIFAR10_CLASSES
-from src.data.image_check import readable_pipeline_errors, set_max_image_pixels
-from src.data.pipeline import class_names_of, count_images, image_folder_files
-from src.data.settings import Sampling
-from src.deploy import formats, gradcam
-from src.deploy.calibration_report import (
+from src.data import (
+    CIFAR10_CLASSES,
+    Sampling,
+    class_names_of,
+    count_images,
+    image_folder_files,
+    pipeline,
+    readable_pipeline_errors,
+    set_max_image_pixels,
+)
+from src.deploy import (
     DIAGRAM_FILE,
+    HISTOGRAM_FILE,
+    ClassReport,
+    MultiLabelReport,
+    build_report_page,
     calibration_line,
     calibration_result,
+    chunks,
+    formats,
+    gradcam,
+    list_images,
+    load_network,
+    model_probabilities,
+    model_thresholds,
+    ood_summary,
+    plot_confusion,
+    plot_histograms,
     plot_reliability,
+    preprocess_images,
+    run_folder_of,
+    summary_line,
+    write_tuned_thresholds,
+    write_tuned_values,
 )
-from src.deploy.inference import chunks, list_images, load_network, preprocess_images
-from src.deploy.multilabel_report import MultiLabelReport
-from src.deploy.ood_report import HISTOGRAM_FILE, ood_summary, plot_histograms, summary_line
-from src.deploy.outputs import model_probabilities, model_thresholds
-from src.deploy.records import write_tuned_thresholds, write_tuned_values
-from src.deploy.report import ClassReport, plot_confusion
-from src.deploy.report_page import build_report_page, run_folder_of
-from src.models.bn_fold import fold_batchnorm
-from src.models.resnet import create_network
-from src.models.tta import with_tta
+from src.models import create_network, fold_batchnorm, with_tta
 from src.recipe import (
     check_positive_labels,
     check_unused_keys,
@@ -89,22 +103,32 @@ from src.recipe import (
     resolve_model,
     split_indices,
 )
-from src.training.loss import CrossEntropySmooth, create_loss
-from src.training.model import classification_metrics
-from src.utils import device
-from src.utils.calibration import check_fit_images, fit_temperature
-from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
-from src.utils.errors import MissingFileError, UserError
-from src.utils.files import atomic_write_text, check_output_dir
-from src.utils.logger import get_logger
-from src.utils.multilabel_metrics import tune_thresholds
-from src.utils.ood import OOD_SCORES, all_scores, threshold_for_tpr
-from src.utils.progress import Progress
-from src.utils.tasks import MULTICLASS, MULTILABEL
-from src.utils.throughput import synthetic_batch, throughput_report, time_calls
-from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
-from src.utils.tracking import TensorBoardLog
+from src.training import CrossEntropySmooth, classification_metrics, create_loss
+from src.utils import (
+    MULTICLASS,
+    MULTILABEL,
+    OOD_SCORES,
+    TENSORBOARD_FOLDER,
+    ConfigError,
+    MissingFileError,
+    Progress,
+    TensorBoardLog,
+    UserError,
+    all_scores,
+    atomic_write_text,
+    check_fit_images,
+    check_output_dir,
+    device,
+    fit_temperature,
+    get_logger,
+    parse_config,
+    run_entry_point,
+    synthetic_batch,
+    threshold_for_tpr,
+    throughput_report,
+    time_calls,
+    tune_thresholds,
+)
 
 SECTIONS = ("network", "data", "device", "outputs", "performance", "model file",
             "calibration", "out-of-distribution")

@@ -54,32 +54,37 @@ import tempfile
 import mindspore as ms
 import numpy as np
 
-from src.data.image_check import set_max_image_pixels
-from src.deploy import formats, inference, quantize
-from src.deploy.publish import (
+from src.data import set_max_image_pixels
+from src.deploy import (
     check_folder_target,
+    check_quantize_config,
+    formats,
+    hub_config,
+    inference,
     model_card,
+    quantize,
+    reduce_range_for,
     save_hub_folder,
+    select_calibration_images,
     timm_config,
     torchvision_state,
+    write_model_record,
 )
-from src.deploy.quantize import (
-    check_quantize_config,
-    reduce_range_for,
-    select_calibration_images,
-)
-from src.deploy.records import hub_config, write_model_record
-from src.models.bn_fold import fold_batchnorm
-from src.models.tta import with_tta
+from src.models import fold_batchnorm, with_tta
 from src.recipe import model_config, model_preprocess, resolve_model
-from src.utils import device
-from src.utils.checkpoint import read_checkpoint, stored_config
-from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
-from src.utils.errors import WriteError
-from src.utils.files import FileLock, check_output_dir
-from src.utils.hub import is_pretrained_source
-from src.utils.logger import get_logger
+from src.utils import (
+    ConfigError,
+    FileLock,
+    WriteError,
+    check_output_dir,
+    device,
+    get_logger,
+    is_pretrained_source,
+    parse_config,
+    read_checkpoint,
+    run_entry_point,
+    stored_config,
+)
 
 SECTIONS = ("network", "data", "device", "model file", "export")
 """The config.yaml sections this entry point reads (its --help lists them)."""
@@ -181,7 +186,7 @@ def main(argv=None):
     get_logger("export")  # also shows the src modules' lines (which weights were loaded)
     model = resolve_model(given)  # the model file's record; the config for what it lacks
     cfg = model_config(given, model)
-    cfg["file_name"] = export_stem(cfg.file_name, cfg.file_format)  # "m.onnx": m.onnx, once
+    cfg = cfg.replaced(file_name=export_stem(cfg.file_name, cfg.file_format))  # m.onnx once
     fmt = formats.FORMATS[cfg.file_format]
     if fmt.note:
         print(fmt.note, file=sys.stderr)

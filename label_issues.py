@@ -26,19 +26,18 @@ import os
 
 import numpy as np
 
-from predict import predict_in_batches
-from src.data.folds import (
+from src.data import (
+    class_names_of,
     fold_assignment,
     folds_text,
+    image_folder_files,
     link_fold_images,
     out_of_fold,
     record_folds,
+    relative_path,
+    set_max_image_pixels,
 )
-from src.data.image_check import set_max_image_pixels
-from src.data.pipeline import class_names_of, image_folder_files
-from src.data.split import relative_path
-from src.deploy import formats
-from src.deploy.label_issues import find_issues, issue_rows, issues_csv, issues_page
+from src.deploy import find_issues, formats, issue_rows, issues_csv, issues_page, predict_in_batches
 from src.recipe import (
     LABEL_ISSUES_SECTIONS,
     RECIPE_FILE,
@@ -48,19 +47,20 @@ from src.recipe import (
     fold_model,
     fold_recipe,
 )
-from src.training.cross_validation import (
-    finished_checkpoint,
-    fold_command,
-    newest_checkpoint,
-    run_fold,
+from src.training import finished_checkpoint, fold_command, newest_checkpoint, run_fold
+from src.utils import (
+    ConfigError,
+    FileLock,
+    Progress,
+    UserError,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output_dir,
+    device,
+    get_logger,
+    parse_config,
+    run_entry_point,
 )
-from src.utils import device
-from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
-from src.utils.errors import UserError
-from src.utils.files import FileLock, atomic_write_bytes, atomic_write_text, check_output_dir
-from src.utils.logger import get_logger
-from src.utils.progress import Progress
 
 SECTIONS = LABEL_ISSUES_SECTIONS
 """The config.yaml sections this entry point reads (its --help lists them)."""

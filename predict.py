@@ -35,19 +35,28 @@ import json
 import os
 import sys
 
-from src.data.image_check import set_max_image_pixels
-from src.data.multilabel import read_label_file
-from src.deploy import formats, gradcam, inference
-from src.deploy.inference import chunks, list_images, load_network
-from src.deploy.outputs import batch_answers, model_outputs, model_probabilities
+from src.data import read_label_file, set_max_image_pixels
+from src.deploy import (
+    batch_answers,
+    formats,
+    gradcam,
+    inference,
+    list_images,
+    load_network,
+    model_outputs,
+    predict_in_batches,
+)
 from src.recipe import check_unused_keys, model_config, model_preprocess, resolve_model
-from src.utils import device
-from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
-from src.utils.files import check_output_dir
-from src.utils.logger import get_logger
-from src.utils.progress import Progress
-from src.utils.tasks import get_task
+from src.utils import (
+    ConfigError,
+    Progress,
+    check_output_dir,
+    device,
+    get_logger,
+    get_task,
+    parse_config,
+    run_entry_point,
+)
 
 SECTIONS = ("network", "data", "device", "model file", "out-of-distribution", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
@@ -59,26 +68,6 @@ def check_class_count(cfg, outputs):
     if outputs != cfg.class_num:
         raise ConfigError(f"{cfg.checkpoint_path} outputs {outputs} classes but class_num is "
                           f"{cfg.class_num}: pass --class_num {outputs}")
-
-
-def predict_in_batches(predict, paths, batch_size, preprocess, *, model):
-    """Classify images a batch at a time: only ``batch_size`` images are read and held at
-    once, whatever the number of paths. Probabilities as the ``model`` record says
-    (``model_probabilities``: its task's softmax or sigmoid, its calibration temperature).
-
-    Args:
-        predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K).
-        paths (list[str]): Image files.
-        batch_size (int): Images read, preprocessed and predicted together.
-        preprocess (EvalPreprocess): The eval preprocessing (``preprocess_images``).
-
-    Yields:
-        tuple(list[str], numpy.ndarray, numpy.ndarray): The paths of a batch, their logits and
-        their class probabilities, float (len(batch), K).
-    """
-    for batch in chunks(paths, batch_size):
-        logits = predict(inference.preprocess_images(batch, preprocess))
-        yield batch, logits, model_probabilities(logits, model)
 
 
 def cam_writer(cfg, paths, preprocess):

@@ -31,15 +31,12 @@ import socket
 
 import uvicorn
 
-from src.data.image_check import set_max_image_pixels
+from src.data import set_max_image_pixels
 from src.deploy import formats
 from src.deploy.serving import Service, create_app
 from src.recipe import model_config, model_preprocess, resolve_model
 from src.recipe.serving import check_serve_config, serve_info, serve_loader, serve_settings
-from src.utils import device
-from src.utils.cli import run_entry_point
-from src.utils.config import ConfigError, parse_config
-from src.utils.logger import get_logger
+from src.utils import ConfigError, device, get_logger, parse_config, run_entry_point
 
 SECTIONS = ("network", "data", "device", "model file", "predict", "serve")
 """The config.yaml sections this entry point reads (its --help lists them)."""

@@ -22,13 +22,14 @@ import os
 
 import numpy as np
 
-from src.data.class_names import CLASS_NAMES_FILE, write_class_names
-from src.data.image_check import (
+from src.data import (
+    CLASS_NAMES_FILE,
     ImageFolderError,
     readable_pipeline_errors,
     set_max_image_pixels,
+    write_class_names,
 )
-from src.deploy.report import plot_confusion
+from src.deploy import plot_confusion
 from src.recipe import (
     TRAIN_SECTIONS,
     FineTuning,
@@ -38,7 +39,7 @@ from src.recipe import (
     build_network,
     check_teacher_classes,
     check_train_config,
-    fill_from_weights,
+    distill_config,
     record_run_images,
     resolve_sink_size,
     run_split,
@@ -49,50 +50,61 @@ from src.recipe import (
     training_model,
     training_network,
     training_record,
+    weights_config,
 )
-from src.training.best import (
+from src.training import (
+    LR_KEYS,
     BestCheckpoint,
+    CheckpointSaver,
+    EarlyStop,
     EvalKeepingBest,
+    OptimizerStepCallbacks,
+    Patience,
+    ProfileSteps,
+    ResumedRun,
+    StepState,
+    StopSignals,
+    TrainCallbacks,
+    TrainMonitor,
     best_checkpoint_path,
     confusion_at_best,
-    stored_score,
-)
-from src.training.callbacks import (
-    OptimizerStepCallbacks,
-    StepState,
-    TrainMonitor,
-    loss_value,
-)
-from src.training.early_stop import EarlyStop, Patience, ended_early, with_early_stop
-from src.training.evaluator import eval_shard
-from src.training.loop import TrainCallbacks, finish, track_run_end, train_run
-from src.training.lr_schedule import LR_KEYS, create_lr
-from src.training.optimizer import lr_group_tags
-from src.training.output_dir import (
+    create_lr,
+    ended_early,
+    eval_shard,
+    finish,
     lock_output_dir,
+    loss_value,
+    lr_group_tags,
     move_branch_aside,
+    parse_profile_steps,
     prepare_output_dir,
+    resolve_amp_level,
+    resolve_loss_scale_type,
+    resume_run,
+    stored_score,
+    track_run_end,
+    train_run,
     trim_records,
+    with_early_stop,
 )
-from src.training.precision import resolve_amp_level, resolve_loss_scale_type
-from src.training.profiler import ProfileSteps, parse_profile_steps
-from src.training.resume import ResumedRun, resume_run
-from src.training.saver import CheckpointSaver
-from src.training.signals import StopSignals
-from src.utils import device
-from src.utils.checkpoint import (
+from src.utils import (
+    TENSORBOARD_FOLDER,
+    Config,
+    TensorBoardLog,
+    as_tensors,
+    atomic_write_text,
+    device,
+    get_logger,
+    get_task,
+    init_distributed,
     own_checkpoints,
+    parse_config,
     remove_stale_partials,
+    run_entry_point,
+    synthetic_batch,
+    throughput_report,
+    time_calls,
 )
-from src.utils.cli import run_entry_point
-from src.utils.config import Config, parse_config
-from src.utils.device import init_distributed
-from src.utils.files import atomic_write_text
-from src.utils.logger import get_logger
-from src.utils.tasks import get_task
-from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
-from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
-from src.utils.tracking import TensorBoardLog
 
 SECTIONS = TRAIN_SECTIONS
 
@@ -105,14 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     set_max_image_pixels(cfg.max_image_pixels)
     if not cfg.benchmark_steps:
         check_train_config(cfg)
-    task_defaults(cfg)  # benchmark_steps too: the loss a multi-label recipe trains with
+    # resolved keys come as new configs: the task's defaults (benchmark_steps too: the loss
+    # a multi-label recipe trains with), then the distillation loss's weights
+    cfg = distill_config(task_defaults(cfg))
     stop = StopSignals(logging.getLogger("train"))
     stop.install()
     device.setup_device(cfg.mode, cfg.device_target, cfg.device_id, cfg.seed, cfg.run_distribute)
     rank, device_num = init_distributed(cfg.run_distribute, cfg.device_num)
     log = get_logger("train", None, rank)
     # Hub weights: their network unless net_name set; the run keeps its classes and settings
-    fill_from_weights(cfg, cfg.pre_trained, eval_settings=False)
+    cfg = weights_config(cfg, cfg.pre_trained, eval_settings=False)
     if cfg.benchmark_steps:
         return benchmark_training(cfg, device_num, log)
     lock = lock_output_dir(cfg.output_dir, rank, log)  # one run per folder, before any write

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from src.models.resnet import create_network
 from src.training.distill import (
@@ -400,6 +401,26 @@ def test_resume_says_the_teacher_is_not_loaded_in_one_line(tmp_path, capfd, capl
 
 # ---- the teacher's weights ----
 
+@pytest.mark.parametrize("args, weights", [
+    ([], (1.0, 1.0)),  # neither set: both 1
+    (["--task_loss_weight", "0.25"], (0.25, 0.75)),  # the task weight alone: distill = 1 - it
+    (["--distill_loss_weight", "2.0"], (1.0, 2.0)),  # the distill weight: independent
+    (["--distill_loss_weight", "2.0", "--task_loss_weight", "0.5"], (0.5, 2.0))])
+def test_distill_config_is_a_new_config_with_timms_loss_weights(args, weights):
+    """The weights by timm's rules (its train.py: ``--distill-loss-weight`` set makes the two
+    independent, else distill = 1 - task), in a new config; the parsed one keeps its values."""
+    from src.recipe import distill_config
+    from src.utils.config import parse_config
+
+    cfg = parse_config(["--kd_teacher", "teacher.ckpt", *args])
+    before = dict(cfg)
+    resolved = distill_config(cfg)
+    assert (resolved.task_loss_weight, resolved.distill_loss_weight) == weights
+    assert dict(cfg) == before and resolved.user_keys == cfg.user_keys
+    no_teacher = parse_config(args)
+    assert distill_config(no_teacher) is no_teacher  # nothing to resolve
+
+
 def test_build_teacher_checks_network_and_class_count(tmp_path):
     path = str(tmp_path / "teacher.ckpt")
     ms.save_checkpoint(create_network("resnet18", class_num=10), path)
@@ -533,7 +554,7 @@ def feature_distilled(tmp_path_factory):
     common = ["--config_path", os.path.join(ROOT, "configs", "quick_start.yaml"),
               "--run_eval", "false", "--batch_size", "4", "--num_parallel_workers", "1",
               "--class_num", "2", "--data_path", data, "--kd_teacher", teacher,
-              "--kd_distill_type", "feature", "--epoch_size", "1",
+              "--kd_distill_type", "feature", "--task_loss_weight", "0.25", "--epoch_size", "1",
               "--save_checkpoint_epochs", "1", "--log_interval", "1"]
     whole = root / "whole"
     assert train_in_process(*common, "--output_dir", whole) == 0
@@ -582,6 +603,10 @@ def test_train_with_a_teacher_killed_resumes_bit_exact_another_teacher_refused(
             np.testing.assert_array_equal(params[name].asnumpy(), value.asnumpy(), name)
     stored = json.loads(reference["run_config"])
     assert stored["kd_teacher"] == teacher and len(stored["kd_teacher_sha256"]) == 64
+    # the weights it trained with, resolved (timm: distill = 1 - task), in the run's records
+    written = yaml.safe_load((whole / "config.yaml").read_text())
+    assert (stored["task_loss_weight"], stored["distill_loss_weight"]) == (0.25, 0.75)
+    assert (written["task_loss_weight"], written["distill_loss_weight"]) == (0.25, 0.75)
     assert json.loads(params["run_config"])["kd_teacher_sha256"] == stored["kd_teacher_sha256"]
 
     # another teacher in the file (the fixture's last use of it)

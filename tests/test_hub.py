@@ -259,11 +259,13 @@ def test_config_records_the_keys_the_user_set(tmp_path):
     recipe.write_text("eval_resize: 240\n")
     cfg = parse_config(["--config_path", str(recipe), "--net_name", "resnet18"])
     assert cfg.user_keys == {"eval_resize", "net_name"}
-    taken, kept = cfg.fill_unset({"net_name": "resnet18", "eval_resize": 232,
-                                  "eval_image_size": 200, "class_num": 10})
-    assert taken == {"eval_image_size": 200, "class_num": 10} and kept == {"eval_resize": 240}
-    assert (cfg.eval_resize, cfg.eval_image_size, cfg.class_num) == (240, 200, 10)
-    assert cfg.user_value("net_name") == "resnet18" and cfg.user_value("batch_size") is None
+    before = dict(cfg)
+    filled = cfg.with_unset({"net_name": "resnet18", "eval_resize": 232,
+                             "eval_image_size": 200, "class_num": 10})
+    assert dict(cfg) == before  # a new config; this one as it was
+    assert dict(filled) == dict(before, eval_image_size=200, class_num=10)  # eval_resize kept
+    assert filled.user_keys == cfg.user_keys and filled.defaults is cfg.defaults
+    assert filled.user_value("net_name") == "resnet18" and filled.user_value("batch_size") is None
 
 
 def test_bicubic_eval_equals_pil(tmp_path):

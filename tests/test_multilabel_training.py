@@ -49,11 +49,14 @@ def test_task_multilabel_takes_bce_and_no_smoothing_unless_set():
     above if they cannot work)."""
     cfg = parse_config(["--task", "multilabel", "--data_path", MOSAICS, "--label_file",
                         os.path.join(MOSAICS, "train.csv"), "--class_num", "10"])
-    recipe.check_train_config(cfg)
-    assert (cfg.loss, cfg.label_smoothing) == ("bce", 0.0)
+    recipe.check_train_config(cfg)  # checked as it trains: bce, no smoothing
+    assert (cfg.loss, cfg.label_smoothing) == ("ce", 0.1)  # the checks change nothing
+    resolved = recipe.task_defaults(cfg)
+    assert (resolved.loss, resolved.label_smoothing) == ("bce", 0.0)
+    assert (cfg.loss, cfg.label_smoothing) == ("ce", 0.1)  # a new config
     cfg = config("--loss", "asl")
     recipe.check_train_config(cfg)
-    assert cfg.loss == "asl"
+    assert recipe.task_defaults(cfg).loss == "asl"
 
 
 def test_the_val_split_of_a_label_file_is_written_and_read_back_by_split_file(tmp_path):

@@ -287,7 +287,7 @@ def test_finetuning_from_hub_weights_takes_only_the_network(tmp_path, caplog):
     its own class_num and eval settings (the whole log line, not a substring of it)."""
     import logging
 
-    from src.recipe import fill_from_weights
+    from src.recipe import weights_config
     from src.utils.checkpoint import pretrained_config
     from src.utils.config import parse_config
     from tests.torch_resnet import torch_resnet
@@ -299,7 +299,8 @@ def test_finetuning_from_hub_weights_takes_only_the_network(tmp_path, caplog):
     cfg = parse_config(["--class_num", "10", "--pre_trained", folder])
     before = dict(cfg)
     with caplog.at_level(logging.INFO):
-        fill_from_weights(cfg, folder, eval_settings=False)
-    assert dict(cfg) == dict(before, net_name="resnet18")
+        resolved = weights_config(cfg, folder, eval_settings=False)
+    assert dict(cfg) == before  # a new config; the given one as it was
+    assert dict(resolved) == dict(before, net_name="resnet18")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(folder)]
     assert lines == [f"{folder}: taken from it: net_name resnet18"]

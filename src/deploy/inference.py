@@ -17,6 +17,7 @@ from src.data.image_check import (
 )
 from src.data.settings import EvalPreprocess
 from src.data.transforms import create_transforms
+from src.deploy.outputs import model_probabilities
 from src.models.resnet import create_network
 from src.models.tta import TTA_MODES, with_tta
 from src.utils.checkpoint import load_into_network
@@ -310,3 +311,25 @@ def onnx_predictor(checkpoint_path: str, *, batch_size: int, **network) -> Forwa
     del network  # the graph holds it
     forward, shape = load_onnx(checkpoint_path)
     return batched(forward, batch_size, "ONNX", checkpoint_path, shape)
+
+
+def predict_in_batches(predict, paths, batch_size, preprocess, *, model):
+    """Classify images a batch at a time: only ``batch_size`` images are read and held at
+    once, whatever the number of paths. Probabilities as the ``model`` record says
+    (``model_probabilities``: its task's softmax or sigmoid, its calibration temperature).
+
+    Args:
+        predict (callable): float32 (N, 3, image_size, image_size) -> logits (N, K), e.g.
+            ``load_predictor``'s.
+        paths (list[str]): Image files.
+        batch_size (int): Images read, preprocessed and predicted together.
+        preprocess (EvalPreprocess): The eval preprocessing (``preprocess_images``).
+        model (ModelRecord): The model's record (its task and temperature).
+
+    Yields:
+        tuple(list[str], numpy.ndarray, numpy.ndarray): The paths of a batch, their logits and
+        their class probabilities, float (len(batch), K).
+    """
+    for batch in chunks(paths, batch_size):
+        logits = predict(preprocess_images(batch, preprocess))
+        yield batch, logits, model_probabilities(logits, model)

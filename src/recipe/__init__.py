@@ -44,11 +44,11 @@ from src.recipe.label_issues import (
 from src.recipe.model_record import (
     check_teacher_classes,
     checkpoint_digest,
-    fill_from_weights,
     model_config,
     model_preprocess,
     resolve_model,
     training_record,
+    weights_config,
 )
 from src.recipe.network import (
     FineTuning,
@@ -59,6 +59,8 @@ from src.recipe.network import (
 )
 from src.recipe.optimization import (
     build_evaluator,
+    distill_config,
+    distill_loss_weights,
     distillation,
     loss_class_weights,
     loss_kwargs,
@@ -94,12 +96,13 @@ __all__ = [
     "changed_training_keys", "check_label_issues_config", "drop_evaluation_keys", "fold_model",
     "fold_recipe",
     # model_record
-    "check_teacher_classes", "checkpoint_digest", "fill_from_weights", "model_config",
-    "model_preprocess", "resolve_model", "training_record",
+    "check_teacher_classes", "checkpoint_digest", "model_config",
+    "model_preprocess", "resolve_model", "training_record", "weights_config",
     # network
     "FineTuning", "build_network", "make_trainable", "network_kwargs", "training_network",
     # optimization
-    "build_evaluator", "distillation", "loss_class_weights", "loss_kwargs", "optimizer_kwargs",
+    "build_evaluator", "distill_config", "distill_loss_weights", "distillation",
+    "loss_class_weights", "loss_kwargs", "optimizer_kwargs",
     "step_recipe", "training_model",
     # splits
     "check_positive_labels", "data_split", "eval_label_table", "held_out", "label_classes",

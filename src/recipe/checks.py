@@ -167,7 +167,7 @@ def check_task(cfg: Config) -> None:
         ConfigError: Naming the key and value.
     """
     task = get_task(cfg.task)
-    task_defaults(cfg)
+    cfg = task_defaults(cfg, log=False)  # checked as it will train
     if not task.label_file:
         for key in ("label_file", "eval_label_file"):
             if cfg[key]:
@@ -200,12 +200,12 @@ def check_task(cfg: Config) -> None:
             raise ConfigError(f"task multilabel: {message}")
 
 
-def task_defaults(cfg: Config) -> None:
-    """The task's ``defaults`` for the keys the user did not set (logged; multilabel:
-    ``loss bce``, ``label_smoothing 0``)."""
+def task_defaults(cfg: Config, log: bool = True) -> Config:
+    """A new config: ``cfg`` with its task's ``defaults`` for the keys the user did not set
+    (multilabel: ``loss bce``, ``label_smoothing 0``), in one log line unless ``log`` is
+    false; ``cfg`` itself is unchanged."""
     task = get_task(cfg.task)
-    if task.defaults:
-        cfg.fill_unset(dict(task.defaults), f"task {task}")
+    return cfg.with_unset(dict(task.defaults), f"task {task}" if log else None)
 
 
 def score_key(cfg: Config) -> str:

@@ -146,9 +146,7 @@ def model_config_values(model: ModelRecord) -> dict:
 def model_config(cfg: Config, model: ModelRecord) -> Config:
     """A new ``Config``: ``cfg`` with the keys of the resolved ``model``
     (``model_config_values``); ``cfg`` itself is left as it was."""
-    out = Config(cfg, **model_config_values(model))
-    out.user_keys, out.defaults = cfg.user_keys, cfg.defaults
-    return out
+    return cfg.replaced(**model_config_values(model))
 
 
 def model_preprocess(cfg: Config, model: ModelRecord) -> EvalPreprocess:
@@ -156,14 +154,19 @@ def model_preprocess(cfg: Config, model: ModelRecord) -> EvalPreprocess:
     return EvalPreprocess(**(model.preprocess or {}), exif_transpose=cfg.exif_transpose)
 
 
-def fill_from_weights(cfg: Config, source: str, eval_settings: bool = True) -> None:
-    """Training from Hub weights ``source`` (``pre_trained``): the keys the user did not set
-    take the weights' values (``pretrained_config``: their network; with ``eval_settings``
-    also class count and eval preprocessing), logged by ``Config.fill_unset``; other sources:
-    nothing."""
-    if is_pretrained_source(source):
-        cfg.fill_unset(pretrained_config(source, cfg.user_value("net_name"),
-                                         eval_settings=eval_settings), source)
+def weights_config(cfg: Config, source: str, eval_settings: bool = True) -> Config:
+    """A new config for training from Hub weights ``source`` (``pre_trained``): the keys the
+    user did not set take the weights' values (``pretrained_config``: their network; with
+    ``eval_settings`` also class count and eval preprocessing), in one log line
+    (``Config.with_unset``); for other sources ``cfg`` itself. ``cfg`` is unchanged.
+
+    Raises:
+        UserError: As ``pretrained_config`` (weights that cannot be read).
+    """
+    if not is_pretrained_source(source):
+        return cfg
+    return cfg.with_unset(pretrained_config(source, cfg.user_value("net_name"),
+                                            eval_settings=eval_settings), source)
 
 
 def check_teacher_classes(cfg: Config, class_names) -> None:

@@ -89,6 +89,34 @@ def step_recipe(cfg: Config, amp_level: str) -> StepRecipe:
         distill=distillation(cfg, amp_level))
 
 
+def distill_loss_weights(cfg: Config) -> tuple[float, float]:
+    """(task weight, distillation weight) of the loss from the ones the user set
+    (``loss_weights``: timm's three modes).
+
+    Raises:
+        ConfigError: For a negative derived weight, naming ``task_loss_weight``.
+    """
+    try:
+        return loss_weights(cfg.user_value("distill_loss_weight"),
+                            cfg.user_value("task_loss_weight"))
+    except ValueError as err:
+        raise ConfigError(f"task_loss_weight {cfg.task_loss_weight}: {err}") from err
+
+
+def distill_config(cfg: Config) -> Config:
+    """A new config with ``kd_teacher``'s loss weights resolved (``distill_loss_weights``), so
+    the run's config.yaml reads back the weights it trained with; ``cfg`` itself without a
+    teacher. ``cfg`` is unchanged.
+
+    Raises:
+        ConfigError: As ``distill_loss_weights``.
+    """
+    if not cfg.kd_teacher:
+        return cfg
+    task_weight, distill_weight = distill_loss_weights(cfg)
+    return cfg.replaced(task_loss_weight=task_weight, distill_loss_weight=distill_weight)
+
+
 def distillation(cfg: Config, amp_level: str) -> Distillation | None:
     """The teacher of ``kd_teacher`` (None when empty) and the distillation loss's settings:
     ``loss_weights`` of the weights the user set (timm's three modes), a feature projection
@@ -100,13 +128,7 @@ def distillation(cfg: Config, amp_level: str) -> Distillation | None:
     """
     if not cfg.kd_teacher:
         return None
-    try:
-        task_weight, distill_weight = loss_weights(cfg.user_value("distill_loss_weight"),
-                                                   cfg.user_value("task_loss_weight"))
-    except ValueError as err:
-        raise ConfigError(f"task_loss_weight {cfg.task_loss_weight}: {err}") from err
-    # resolved: the run's config.yaml reads back the same weights
-    cfg.update(task_loss_weight=task_weight, distill_loss_weight=distill_weight)
+    task_weight, distill_weight = distill_loss_weights(cfg)
     features = cfg.kd_distill_type == "feature"
     teacher, arch, width = build_teacher(
         cfg.kd_teacher, net_name=cfg.kd_net_name, class_num=cfg.class_num, amp_level=amp_level,

@@ -17,7 +17,7 @@ from src.data.split import (
 )
 from src.utils.errors import OutputDirError
 from src.utils.files import FileLock, atomic_write_text, check_output_dir
-from src.utils.tracking import FOLDER as TENSORBOARD_FOLDER
+from src.utils.tracking import TENSORBOARD_FOLDER
 
 RECORDS = "metrics.jsonl"
 RUN_FILES = (RECORDS, "config.yaml", "train.log", "class_names.txt", TRAIN_SPLIT_FILE,

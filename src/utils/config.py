@@ -122,20 +122,27 @@ class Config(dict):
         """Whether the user set ``key`` (``user_keys``) to another value than its default."""
         return key in self.user_keys and self[key] != self.defaults.get(key)
 
-    def fill_unset(self, values: dict[str, ConfigValue], origin: str | None = None
-                   ) -> tuple[dict[str, ConfigValue], dict[str, ConfigValue]]:
-        """Set the keys of ``values`` the user did not set; return those taken and the user's
-        differing values kept. With ``origin``, log one line saying so."""
+    def replaced(self, **values: ConfigValue) -> "Config":
+        """A new config: this one with ``values`` (resolved values, not the user's: the new
+        config keeps ``user_keys`` and ``defaults``); this one is unchanged."""
+        new = Config(self, **values)
+        new.user_keys, new.defaults = self.user_keys, self.defaults
+        return new
+
+    def with_unset(self, values: dict[str, ConfigValue], origin: str | None = None
+                   ) -> "Config":
+        """A new config: this one with the keys of ``values`` the user did not set taken from
+        ``values`` (``replaced``); the user's keys keep their values. With ``origin``, log one
+        line naming those taken and the user's differing values kept."""
         taken = {k: v for k, v in values.items() if k not in self.user_keys}
         kept = {k: self[k] for k, v in values.items() if k in self.user_keys and self[k] != v}
-        self.update(taken)
         if origin and (taken or kept):
             LOGGER.info("%s: %s%s", origin,
                         "taken from it: " + ", ".join(f"{k} {v}" for k, v in taken.items())
                         if taken else "nothing taken from it",
                         "; kept as set: " + ", ".join(f"{k} {v} (it gives {values[k]})"
                                                       for k, v in kept.items()) if kept else "")
-        return taken, kept
+        return self.replaced(**taken)
 
 
 def load_schema(path: str = DEFAULT_CONFIG) -> tuple[dict[str, ConfigValue], dict[str, str],

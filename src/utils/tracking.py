@@ -13,7 +13,7 @@ import numpy as np
 from src.utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
-FOLDER = "tensorboard"
+TENSORBOARD_FOLDER = "tensorboard"
 """The events' folder inside ``output_dir``."""
 
 
