@@ -58,7 +58,7 @@ from src.utils import (
     run_entry_point,
 )
 
-SECTIONS = ("network", "data", "device", "model file", "out-of-distribution", "predict")
+SECTIONS = ("network", "data", "device", "model file", "predict")
 """The config.yaml sections this entry point reads (its --help lists them)."""
 
 
