@@ -89,6 +89,42 @@ def succeeded(result):
     return result
 
 
+def read_csv_rows(path):
+    """The rows of a CSV file with a header, as dicts (``csv.DictReader``).
+
+    Returns:
+        list[dict]: One per row, keyed by the header's names.
+    """
+    import csv
+
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def check_label_issues_resume(out, args):
+    """Rerun label_issues.py ``args`` on its finished 2-fold ``out`` after removing fold 2's
+    ``held_out.npz``, in this process: fold 1 is read, fold 2 predicted again to the same
+    probabilities, and no fold trained (its ``metrics.jsonl`` unchanged).
+
+    Raises:
+        AssertionError: If a fold is trained, or fold 2's probabilities differ.
+    """
+    import numpy as np
+
+    metrics = [open(os.path.join(out, f"fold_{k}", "train", "metrics.jsonl")).read()
+               for k in (1, 2)]
+    with np.load(os.path.join(out, "fold_2", "held_out.npz")) as saved:
+        before = saved["probabilities"].copy()
+    os.remove(os.path.join(out, "fold_2", "held_out.npz"))
+    again = succeeded(run_in_process("label_issues.py", *args))
+    assert "fold 1/2: done" in again.stdout and "fold 2/2: predicting" in again.stdout
+    assert "training on" not in again.stdout
+    assert [open(os.path.join(out, f"fold_{k}", "train", "metrics.jsonl")).read()
+            for k in (1, 2)] == metrics
+    with np.load(os.path.join(out, "fold_2", "held_out.npz")) as saved:
+        np.testing.assert_allclose(saved["probabilities"], before, atol=1e-6)
+
+
 def interleaved_class_images(root, count):
     """The first ``count`` images of a class-folder root taken class by class in turn
     (1st of each class, then 2nd of each ...): a fixed order with every class in every batch.

@@ -4,7 +4,9 @@ read into a ``LabelTable`` of multi-hot targets, and the iterative-stratificatio
 targets. See docs/data.md#multi-label-data-label_file.
 """
 import csv
+import io
 import os
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -14,6 +16,7 @@ from src.utils.errors import MissingFileError, UserError
 
 LISTED_ROWS = 10  # rows named in an error before "and N more"
 SPLIT_STREAM = 3  # tags the split's random stream apart from split.py's (1) and sampling's (2)
+FOLD_STREAM = 4  # and label_issues.py's folds (multilabel_folds) apart from the split's
 # a header cell with one of these suffixes is an image row: the header is missing
 _IMAGE_SUFFIXES = {"JPG", "JPEG", "PNG", "BMP", "TIF", "TIFF", "PPM"}
 _TABLES = {}  # (label file stat, data_path, class names, check_images) -> LabelTable
@@ -47,7 +50,40 @@ def _rows_text(label_file: str, what: str, rows: list[str]) -> str:
 
 
 def _read_rows(label_file: str) -> list[_Row]:
-    """The image rows of a label file (blank lines skipped), its structure checked.
+    """The image rows of a label file (``_read_table``)."""
+    return _read_table(label_file)[1]
+
+
+def label_file_header(label_file: str) -> list[str]:
+    """The 2 cells of a label file's header row, as written (e.g. ``["image_name", "tags"]``).
+
+    Raises:
+        MissingFileError, LabelFileError: As ``read_label_file``'s structure checks.
+    """
+    return _read_table(label_file)[0]
+
+
+def label_file_text(header: Sequence[str], files: Sequence[str], names: Sequence[str]) -> str:
+    """A label file (the module docstring's form, which ``read_label_file`` reads back): the
+    ``header`` row (2 cells), then per image its path as given in ``files`` (relative to the
+    data_path the file is read with) and its class names separated by spaces (``names``, as
+    ``row_names`` gives them); CSV text with ``\\n`` line ends."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(zip(files, names))
+    return out.getvalue()
+
+
+def row_names(targets: np.ndarray, class_names: Sequence[str]) -> list[str]:
+    """Per row of multi-hot ``targets`` (N, K): the names of its positive classes in label
+    order, separated by spaces (a label file's ``tags`` cell; "" for none)."""
+    return [" ".join(class_names[k] for k in np.flatnonzero(row)) for row in targets]
+
+
+def _read_table(label_file: str) -> tuple[list[str], list[_Row]]:
+    """The header cells and the image rows of a label file (blank lines skipped), its
+    structure checked.
 
     Raises:
         MissingFileError: If ``label_file`` is not a file.
@@ -83,7 +119,7 @@ def _read_rows(label_file: str) -> list[_Row]:
                                         "holding a comma)", wrong))
     if len(table) == 1:
         raise LabelFileError(f"label_file {label_file} has a header but no image row")
-    return [_Row(n, row[0].strip(), row[1].split()) for n, row in table[1:]]
+    return header, [_Row(n, row[0].strip(), row[1].split()) for n, row in table[1:]]
 
 
 def label_file_classes(label_file: str) -> list[str]:
@@ -214,18 +250,15 @@ def _copy(table: LabelTable) -> LabelTable:
 def multilabel_split(targets: np.ndarray, val_fraction: float, seed: int
                      ) -> tuple[np.ndarray, np.ndarray]:
     """Ascending int64 (train_rows, val_rows) of multi-hot ``targets`` (N, K): iterative
-    stratification (Sechidis, Tsoumakas, Vlahavas 2011, "On the stratification of multi-label
-    data", Algorithm 1) into ``round(val_fraction * N)`` and the rest, a function of (targets,
-    val_fraction, seed); a label of >= 2 images wants at least 1 image on each side
-    (docs/data.md#the-split-iterative-stratification).
+    stratification (``iterative_stratification``) into ``round(val_fraction * N)`` and the
+    rest, a function of (targets, val_fraction, seed); a label of >= 2 images wants at least 1
+    image on each side (docs/data.md#the-split-iterative-stratification).
 
     Raises:
         ValueError: If ``targets`` is not 2-D, ``val_fraction`` is outside (0, 1), or a side
             would be empty.
     """
-    targets = np.asarray(targets) != 0
-    if targets.ndim != 2:
-        raise ValueError(f"targets must be (N, K) multi-hot, got shape {targets.shape}")
+    targets = _multi_hot(targets)
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n = len(targets)
@@ -233,16 +266,69 @@ def multilabel_split(targets: np.ndarray, val_fraction: float, seed: int
     if held < 1 or held >= n:
         raise ValueError(f"val_fraction {val_fraction} of {n} images leaves "
                          f"{'no validation' if held < 1 else 'no training'} image")
-    rng = np.random.default_rng([int(seed) % 2 ** 64, SPLIT_STREAM])
-    order = rng.permutation(n)  # the order examples are taken in, ties broken by it too
     per_label = targets.sum(0).astype(np.float64)
     wanted_val = np.where(per_label >= 2, np.clip(val_fraction * per_label, 1, per_label - 1),
                           val_fraction * per_label)
-    wanted = np.stack([per_label - wanted_val, wanted_val])  # (2, K): train, val
-    room = np.array([n - held, held], np.int64)  # images each side still takes
+    side = iterative_stratification(targets, [n - held, held],
+                                    np.stack([per_label - wanted_val, wanted_val]),
+                                    np.random.default_rng([int(seed) % 2 ** 64, SPLIT_STREAM]))
+    return np.flatnonzero(side == 0).astype(np.int64), np.flatnonzero(side == 1).astype(np.int64)
+
+
+def multilabel_folds(targets: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """The fold (0..folds-1) of each row of multi-hot ``targets`` (N, K): iterative
+    stratification (``iterative_stratification``) into ``folds`` parts of desired proportion
+    1/folds each, i.e. ``N // folds`` or one more rows (the first ``N % folds`` folds take
+    the one more) and ``n_k / folds`` of the ``n_k`` positives of each label k; a function of
+    (targets, folds, seed), drawn from a stream of its own (``FOLD_STREAM``).
+
+    Args:
+        targets: (N, K) multi-hot, any numeric or bool dtype (non-zero: positive).
+        folds: The number of parts, 2 to N.
+        seed: The run's seed.
+
+    Returns:
+        numpy.ndarray: int64 (N,).
+
+    Raises:
+        ValueError: If ``targets`` is not 2-D, or ``folds`` is under 2 or above N.
+    """
+    targets = _multi_hot(targets)
+    n = len(targets)
+    if not 2 <= folds <= n:
+        raise ValueError(f"folds must be 2 to the {n} rows, got {folds}")
+    sizes = n // folds + (np.arange(folds) < n % folds)
+    wanted = np.tile(targets.sum(0) / folds, (folds, 1))
+    return iterative_stratification(targets, sizes, wanted,
+                                    np.random.default_rng([int(seed) % 2 ** 64, FOLD_STREAM]))
+
+
+def iterative_stratification(targets: np.ndarray, sizes, wanted: np.ndarray,
+                             rng: np.random.Generator) -> np.ndarray:
+    """Sechidis, Tsoumakas and Vlahavas 2011 ("On the stratification of multi-label data",
+    ECML PKDD, Algorithm 1): the part of each row of ``targets``. Rows are taken in the order
+    of a permutation drawn first from ``rng`` (ties are broken by it too); while a label has
+    rows left, the label with the fewest rows left (a tie: one drawn) places each of its rows
+    still unplaced into the part with room that wants that label most (``wanted``), then the
+    one with most room, then one drawn; a placed row takes one of its part's room and one of
+    its part's want of each of its labels. Rows without a label go last, where room is left.
+
+    Args:
+        targets: bool (N, K) multi-hot.
+        sizes: int (P,) rows each part takes, summing to N.
+        wanted: float (P, K) positives of each label each part is to take (copied).
+        rng: The stream of the choices; drawn from in a fixed order.
+
+    Returns:
+        numpy.ndarray: int64 (N,) part of each row, 0..P-1.
+    """
+    n = len(targets)
+    order = rng.permutation(n)  # the order examples are taken in, ties broken by it too
+    wanted = np.array(wanted, np.float64)
+    room = np.array(sizes, np.int64)  # rows each part still takes
     side = np.full(n, -1, np.int64)
     members = [order[targets[order, k]] for k in range(targets.shape[1])]
-    remaining = per_label.astype(np.int64)
+    remaining = targets.sum(0).astype(np.int64)
     while remaining.any():
         counts = np.where(remaining > 0, remaining, np.iinfo(np.int64).max)
         rarest = np.flatnonzero(counts == counts.min())
@@ -260,7 +346,19 @@ def multilabel_split(targets: np.ndarray, val_fraction: float, seed: int
         j = _pick(rng, np.flatnonzero(room > 0), room[room > 0], room[room > 0])
         side[i] = j
         room[j] -= 1
-    return np.flatnonzero(side == 0).astype(np.int64), np.flatnonzero(side == 1).astype(np.int64)
+    return side
+
+
+def _multi_hot(targets: np.ndarray) -> np.ndarray:
+    """``targets`` as a bool (N, K) array.
+
+    Raises:
+        ValueError: If it is not 2-D.
+    """
+    targets = np.asarray(targets) != 0
+    if targets.ndim != 2:
+        raise ValueError(f"targets must be (N, K) multi-hot, got shape {targets.shape}")
+    return targets
 
 
 def _pick(rng, sides, wanted, room):
@@ -269,4 +367,3 @@ def _pick(rng, sides, wanted, room):
     room = room[wanted == wanted.max()]
     best = best[room == room.max()]
     return int(best[rng.integers(len(best))]) if len(best) > 1 else int(best[0])
-

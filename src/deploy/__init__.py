@@ -16,7 +16,13 @@ from src.deploy.inference import (
     predict_in_batches,
     preprocess_images,
 )
-from src.deploy.label_issues import find_issues, issue_rows, issues_csv, issues_page
+from src.deploy.label_issues import (
+    find_issues,
+    issue_rows,
+    issues_csv,
+    issues_page,
+    out_of_fold_score,
+)
 from src.deploy.multilabel_report import MultiLabelReport
 from src.deploy.ood_report import HISTOGRAM_FILE, ood_summary, plot_histograms, summary_line
 from src.deploy.outputs import (
@@ -46,7 +52,7 @@ __all__ = [
     "load_network", "load_predictor",  # the loaders
     "DIAGRAM_FILE", "calibration_line", "calibration_result", "plot_reliability",  # calibration
     "chunks", "list_images", "predict_in_batches", "preprocess_images",  # inference
-    "find_issues", "issue_rows", "issues_csv", "issues_page",  # label_issues
+    "find_issues", "issue_rows", "issues_csv", "issues_page", "out_of_fold_score",
     "MultiLabelReport",  # multilabel_report
     "HISTOGRAM_FILE", "ood_summary", "plot_histograms", "summary_line",  # ood_report
     "batch_answers", "model_outputs", "model_probabilities", "model_thresholds",  # outputs

@@ -35,11 +35,14 @@ from src.recipe.label_issues import (
     LABEL_ISSUES_SECTIONS,
     OWN_KEYS,
     RECIPE_FILE,
+    GivenLabels,
+    assign_folds,
     changed_training_keys,
     check_label_issues_config,
     drop_evaluation_keys,
     fold_model,
     fold_recipe,
+    given_labels,
 )
 from src.recipe.model_record import (
     check_teacher_classes,
@@ -92,9 +95,9 @@ __all__ = [
     "TRAIN_AUGMENT_KEYS", "TrainData", "batch_mixer", "build_data", "epoch_dataset",
     "eval_preprocess", "run_dataset", "train_augment", "train_plan", "training_pipeline",
     # label_issues
-    "EVALUATION_KEYS", "LABEL_ISSUES_SECTIONS", "OWN_KEYS", "RECIPE_FILE",
-    "changed_training_keys", "check_label_issues_config", "drop_evaluation_keys", "fold_model",
-    "fold_recipe",
+    "EVALUATION_KEYS", "LABEL_ISSUES_SECTIONS", "OWN_KEYS", "RECIPE_FILE", "GivenLabels",
+    "assign_folds", "changed_training_keys", "check_label_issues_config",
+    "drop_evaluation_keys", "fold_model", "fold_recipe", "given_labels",
     # model_record
     "check_teacher_classes", "checkpoint_digest", "model_config",
     "model_preprocess", "resolve_model", "training_record", "weights_config",

@@ -31,20 +31,26 @@ class FoldError(UserError):
 
 
 def fold_command(recipe: str, data_path: str, output_dir: str, *, fresh: bool,
-                 launcher: str | None = None, device_num: int = 1) -> list[str]:
+                 launcher: str | None = None, device_num: int = 1,
+                 label_file: str = "") -> list[str]:
     """The command line that trains one fold.
 
     Args:
         recipe: The training keys (a recipe file: ``--config_path``).
-        data_path: The fold's class-folder root (its training part).
+        data_path: The fold's class-folder root (its training part), or with ``label_file``
+            the folder its rows are relative to.
         output_dir: The fold's train.py output folder.
         fresh: No checkpoint there yet: ``--overwrite true`` moves the files of a run stopped
             before its first checkpoint aside (train.py's rule) instead of refusing.
         launcher: None: ``python train.py``; a ``device_target``: its data-parallel script
-            (``LAUNCH_SCRIPTS``), ``device_num`` processes (1: the script's default).
+            (``LAUNCH_SCRIPTS``), ``device_num`` processes (1: the script's default), which
+            passes the flags after its 3 positional arguments on to train.py.
+        label_file: ``task multilabel``: the fold's training rows, passed as an absolute
+            ``--label_file`` (the launcher makes its own paths absolute too); "" none.
 
     Returns:
-        list[str]: The command, ending with ``--resume_ckpt auto``.
+        list[str]: The command, ending with ``--resume_ckpt auto`` (and ``--overwrite true``
+        when ``fresh``).
     """
     if launcher is None:
         command = [sys.executable, os.path.join(ROOT, "train.py"), "--config_path", recipe,
@@ -53,6 +59,7 @@ def fold_command(recipe: str, data_path: str, output_dir: str, *, fresh: bool,
         command = ["bash", os.path.join(ROOT, "scripts", LAUNCH_SCRIPTS[launcher])]
         command += ["--device_num", str(device_num)] if device_num > 1 else []
         command += [data_path, recipe, output_dir]
+    command += ["--label_file", os.path.abspath(label_file)] if label_file else []
     return command + ["--resume_ckpt", "auto"] + (["--overwrite", "true"] if fresh else [])
 
 
