@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.data_path:
         raise ConfigError("data_path is empty: give --data_path, the class-folder root (or the "
                           "folder a label_file's rows are relative to)")
-    dropped = drop_evaluation_keys(cfg)
+    cfg, dropped = drop_evaluation_keys(cfg)  # a new config: no evaluation in a fold
     given = given_labels(cfg)
     assigned = assign_folds(cfg, given)
     recipe = fold_recipe(cfg)

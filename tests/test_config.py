@@ -284,3 +284,29 @@ def test_a_schema_without_three_documents_is_named(tmp_path):
     path = write(tmp_path, "epoch_size: 3\n---\nepoch_size: help\n")
     with pytest.raises(ConfigError, match="expected 3 YAML documents .* found 2"):
         load_schema(path)
+
+
+def test_a_config_is_read_only_and_resolves_into_new_ones():
+    """Every write is refused (so no resolver can write back into the parsed config); a key
+    is resolved into a new config that keeps the user's keys and the defaults; copies and
+    pickles are Configs with the same user keys."""
+    import copy
+    import pickle
+
+    cfg = parse_config(["--batch_size", "8"])
+    writes = (lambda: cfg.__setitem__("batch_size", 4), lambda: cfg.update(batch_size=4),
+              lambda: setattr(cfg, "batch_size", 4), lambda: cfg.pop("batch_size"),
+              lambda: cfg.setdefault("x", 1), lambda: cfg.clear(),
+              lambda: cfg.__delitem__("batch_size"), lambda: setattr(cfg, "user_keys", set()))
+    for write in writes:
+        with pytest.raises(TypeError, match="read-only.*replaced"):
+            write()
+    assert cfg.batch_size == 8 and cfg.user_keys == {"batch_size"}
+    new = cfg.replaced(batch_size=4)
+    assert (new.batch_size, cfg.batch_size) == (4, 8)
+    assert new.user_keys == cfg.user_keys and new.defaults is cfg.defaults
+    dropped = cfg.replaced(user_keys=frozenset(), batch_size=cfg.defaults["batch_size"])
+    assert dropped.user_value("batch_size") is None and cfg.user_value("batch_size") == 8
+    for again in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg)), copy.copy(cfg)):
+        assert type(again) is type(cfg) and again == cfg and again.user_keys == cfg.user_keys
+        assert again.defaults == cfg.defaults

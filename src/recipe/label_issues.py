@@ -36,14 +36,14 @@ MAY_DIFFER_BETWEEN_FOLDS = MAY_DIFFER - {"pre_trained", "use_ema"}
 change, less the weights a fold starts from and those that predict its held-out images."""
 
 
-def drop_evaluation_keys(cfg: Config) -> dict:
-    """Set the keys of an evaluation during training (``EVALUATION_KEYS``) back to their
-    defaults, as set by no one: a fold trains on all of its training part and is evaluated on
-    its held-out fold. Returns the ones set otherwise, with their values (for a log line)."""
+def drop_evaluation_keys(cfg: Config) -> tuple[Config, dict]:
+    """A new config with the keys of an evaluation during training (``EVALUATION_KEYS``) at
+    their defaults, as set by no one: a fold trains on all of its training part and is
+    evaluated on its held-out fold. Returns it and the keys ``cfg`` set otherwise, with their
+    values (for a log line); ``cfg`` itself is unchanged."""
     dropped = {key: cfg[key] for key in EVALUATION_KEYS if cfg.set_otherwise(key)}
-    cfg.update({key: cfg.defaults[key] for key in EVALUATION_KEYS})
-    cfg.user_keys = cfg.user_keys - set(EVALUATION_KEYS)
-    return dropped
+    return cfg.replaced(user_keys=cfg.user_keys - set(EVALUATION_KEYS),
+                        **{key: cfg.defaults[key] for key in EVALUATION_KEYS}), dropped
 
 
 class GivenLabels(NamedTuple):
@@ -170,8 +170,7 @@ def fold_model(cfg: Config, checkpoint_path: str) -> tuple[ModelRecord, Config, 
     Raises:
         ConfigError, RecordError: As ``resolve_model``.
     """
-    given = Config(dict(cfg, checkpoint_path=checkpoint_path))
-    given.user_keys, given.defaults = cfg.user_keys, cfg.defaults
+    given = cfg.replaced(checkpoint_path=checkpoint_path)
     model = resolve_model(given)
     model_cfg = model_config(given, model)
     return model, model_cfg, model_preprocess(model_cfg, model)

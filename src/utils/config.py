@@ -96,12 +96,31 @@ class ConfigError(UserError, ValueError):
 
 
 class Config(dict):
-    """A resolved configuration: a dict whose keys are also attributes (``cfg.batch_size``);
-    ``user_keys`` are those set in the recipe file or on the command line, ``defaults``
-    config.yaml's values."""
+    """A resolved configuration, read-only: a dict whose keys are also attributes
+    (``cfg.batch_size``); ``user_keys`` are those set in the recipe file or on the command
+    line, ``defaults`` config.yaml's values. A key is resolved into a new config
+    (``replaced``, ``with_unset``), as timm's ``resolve_data_config`` returns a new dict.
 
-    user_keys: frozenset[str] = frozenset()
-    defaults: dict[str, ConfigValue] = {}
+    Raises:
+        TypeError: On any write (``cfg[key] = v``, ``update``, ``cfg.key = v``, ...), naming
+            the way to a new config.
+    """
+
+    def __init__(self, values=(), /, *, user_keys: frozenset[str] = frozenset(),
+                 defaults: dict[str, ConfigValue] | None = None, **more: ConfigValue):
+        dict.__init__(self, values, **more)
+        object.__setattr__(self, "user_keys", frozenset(user_keys))
+        object.__setattr__(self, "defaults", {} if defaults is None else defaults)
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a Config is read-only: resolve a key into a new one with "
+                        "cfg.replaced(key=value) or cfg.with_unset(values)")
+
+    __setitem__ = __delitem__ = __setattr__ = __delattr__ = __ior__ = _read_only
+    update = pop = popitem = clear = setdefault = _read_only
+
+    def __reduce__(self):  # copy, deepcopy and pickle: a new Config, never a write
+        return (_config_of, (dict(self), self.user_keys, self.defaults))
 
     def __getattr__(self, key):
         try:
@@ -122,12 +141,13 @@ class Config(dict):
         """Whether the user set ``key`` (``user_keys``) to another value than its default."""
         return key in self.user_keys and self[key] != self.defaults.get(key)
 
-    def replaced(self, **values: ConfigValue) -> "Config":
+    def replaced(self, *, user_keys: frozenset[str] | None = None,
+                 **values: ConfigValue) -> "Config":
         """A new config: this one with ``values`` (resolved values, not the user's: the new
-        config keeps ``user_keys`` and ``defaults``); this one is unchanged."""
-        new = Config(self, **values)
-        new.user_keys, new.defaults = self.user_keys, self.defaults
-        return new
+        config keeps ``user_keys``, or takes the ones given, and ``defaults``); this one is
+        unchanged."""
+        return Config(dict(self, **values), defaults=self.defaults,
+                      user_keys=self.user_keys if user_keys is None else user_keys)
 
     def with_unset(self, values: dict[str, ConfigValue], origin: str | None = None
                    ) -> "Config":
@@ -143,6 +163,10 @@ class Config(dict):
                         "; kept as set: " + ", ".join(f"{k} {v} (it gives {values[k]})"
                                                       for k, v in kept.items()) if kept else "")
         return self.replaced(**taken)
+
+
+def _config_of(values: dict, user_keys: frozenset[str], defaults: dict) -> Config:
+    return Config(values, user_keys=user_keys, defaults=defaults)
 
 
 def load_schema(path: str = DEFAULT_CONFIG) -> tuple[dict[str, ConfigValue], dict[str, str],
@@ -359,9 +383,10 @@ def _type_name(default):
             str: "a string"}[type(default)]
 
 
-def merge(cfg: Config, updates: dict[str, object], defaults: dict[str, ConfigValue],
-          choices: dict[str, list], source: str) -> None:
-    """Apply ``updates`` to ``cfg`` in place, checking key names, types and choices.
+def merge(values: dict[str, ConfigValue], updates: dict[str, object],
+          defaults: dict[str, ConfigValue], choices: dict[str, list], source: str) -> None:
+    """Apply ``updates`` to ``values`` (the dict a ``Config`` is made of) in place, checking
+    key names, types and choices.
 
     Raises:
         ConfigError: For an unknown key (with the closest valid keys), a wrong type, or a
@@ -377,7 +402,7 @@ def merge(cfg: Config, updates: dict[str, object], defaults: dict[str, ConfigVal
         if key in choices and value not in choices[key]:
             raise ConfigError(f"{source}: key {key!r} must be one of {choices[key]}, "
                               f"got {value!r}")
-        cfg[key] = value
+        values[key] = value
 
 
 def read_sections(path: str = DEFAULT_CONFIG) -> dict[str, list[str]]:
@@ -515,14 +540,13 @@ def parse_config(argv: list[str] | None = None, description: str = "ResNet on Mi
     args = parser.parse_args(argv)
     flags = vars(args)
     config_path = flags.pop("config_path")
-    cfg = Config(defaults)
+    values = dict(defaults)
     recipe = {}
     if os.path.abspath(config_path) != os.path.abspath(schema_path):
         recipe = read_recipe(config_path)
-        merge(cfg, recipe, defaults, choices, config_path)
-    merge(cfg, flags, defaults, choices, "command line")
+        merge(values, recipe, defaults, choices, config_path)
+    merge(values, flags, defaults, choices, "command line")
+    cfg = Config(values, config_path=config_path, defaults=copy.deepcopy(defaults),
+                 user_keys=frozenset(recipe) | frozenset(flags))
     check_values(cfg)
-    cfg["config_path"] = config_path
-    cfg.user_keys = frozenset(recipe) | frozenset(flags)
-    cfg.defaults = copy.deepcopy(defaults)
     return cfg
