@@ -61,7 +61,13 @@ from src.recipe import (
     fold_recipe,
     given_labels,
 )
-from src.training import finished_checkpoint, fold_command, newest_checkpoint, run_fold
+from src.training import (
+    finished_checkpoint,
+    fold_command,
+    newest_checkpoint,
+    run_fold,
+    started_folds,
+)
 from src.utils import (
     ConfigError,
     FileLock,
@@ -109,10 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     lock.acquire()
     recipe_path = os.path.join(cfg.output_dir, RECIPE_FILE)
     changed = changed_training_keys(recipe_path, recipe, cfg.defaults)
-    if changed:
+    started = started_folds(cfg.output_dir, HELD_OUT_FILE) if changed else []
+    if started:
         raise ConfigError(f"{recipe_path} holds the training keys this output_dir's folds were "
-                          f"started with; now {'; '.join(changed)}: the folds would differ. "
-                          f"Give those keys as before, or another output_dir")
+                          f"started with ({started[0]} has a checkpoint or its predictions); "
+                          f"now {'; '.join(changed)}: the folds would differ. Give those keys "
+                          f"as before, or another output_dir")
+    if changed:  # nothing trained yet (a fold refused its keys): they are taken as given now
+        log.info("%s: no fold has trained yet, the training keys are taken as given now: %s",
+                 recipe_path, "; ".join(changed))
     header = TABLE_FOLDS_HEADER if given.task.multi_hot else FOLDS_HEADER
     record_folds(cfg.output_dir, folds_text(given.paths, given.label_texts, assigned,
                                             cfg.data_path, header=header),

@@ -137,15 +137,49 @@ def test_a_data_parallel_fold_runs_under_the_launcher_of_its_device():
                           "--overwrite", "true"]
 
 
-def test_a_failed_fold_ends_the_command_with_its_status_naming_its_log():
+def test_a_failed_fold_ends_the_command_with_its_status_naming_its_log(tmp_path):
     import sys
 
     from src.training.cross_validation import FoldError, run_fold
 
-    with pytest.raises(FoldError, match=r"^fold 2 of 3: training ended with status 3; .* in "
-                                        r"OUT/train.log\. Rerun the same command") as failed:
-        run_fold([sys.executable, "-c", "raise SystemExit(3)"], "fold 2 of 3", "OUT/train.log")
+    log = tmp_path / "train.log"
+    log.write_text("a line\n")
+    with pytest.raises(FoldError, match=rf"^fold 2 of 3: training ended with status 3; .* in "
+                                        rf"{re.escape(str(log))}\. Rerun the same command"
+                       ) as failed:
+        run_fold([sys.executable, "-c", "raise SystemExit(3)"], "fold 2 of 3", str(log))
     assert failed.value.exit_status == 3
+    # refused before it trained: no log to name, and nothing to resume
+    with pytest.raises(FoldError, match=r"^fold 1 of 2: training ended with status 2; its lines "
+                                        r"are above \(it ended before training, without a "
+                                        r"train.log\): fix what they name and run the command "
+                                        r"again$"):
+        run_fold([sys.executable, "-c", "raise SystemExit(2)"], "fold 1 of 2",
+                 str(tmp_path / "none" / "train.log"))
+
+
+def test_training_keys_may_change_until_a_fold_has_trained(uneven_data, tmp_path):
+    """A fold that refuses its keys (a batch larger than its images) trained nothing: the
+    command run again with other keys takes them (fold_train.yaml rewritten, one log line);
+    once a fold has a checkpoint, other keys are refused naming the file and that fold."""
+    out = tmp_path / "out"
+    args = (*TINY, "--data_path", uneven_data["three"], "--output_dir", out, "--class_num", "3",
+            "--label_folds", "2")
+    for batch in ("64", "32"):
+        result = run_in_process("label_issues.py", *args, "--batch_size", batch)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines()[-1].endswith(
+            "fix what they name and run the command again"), result.stderr
+        assert f"batch_size: {batch}" in (out / "fold_train.yaml").read_text()
+    assert "no fold has trained yet, the training keys are taken as given now: batch_size " \
+           "64 -> 32" in result.stdout + result.stderr
+    (out / "fold_1" / "train").mkdir(parents=True, exist_ok=True)
+    (out / "fold_1" / "train" / "resnet18-1_1.ckpt").write_bytes(b"")  # a fold has trained
+    refused = run_in_process("label_issues.py", *args, "--batch_size", "16")
+    assert refused.returncode == 2
+    assert re.search(r"fold_train.yaml holds the training keys this output_dir's folds were "
+                     r"started with \(.*fold_1 has a checkpoint or its predictions\); now "
+                     r"batch_size 32 -> 16", refused.stderr), refused.stderr
 
 
 def test_a_stop_signal_is_passed_on_to_the_fold_which_ends_before_the_command(tmp_path):

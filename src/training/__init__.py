@@ -14,6 +14,7 @@ from src.training.cross_validation import (
     fold_command,
     newest_checkpoint,
     run_fold,
+    started_folds,
 )
 from src.training.early_stop import EarlyStop, Patience, ended_early, with_early_stop
 from src.training.evaluator import eval_shard
@@ -39,7 +40,8 @@ __all__ = [
     "BestCheckpoint", "EvalKeepingBest", "best_checkpoint_path", "confusion_at_best",
     "stored_score",  # best
     "OptimizerStepCallbacks", "StepState", "TrainMonitor", "loss_value",  # callbacks
-    "finished_checkpoint", "fold_command", "newest_checkpoint", "run_fold",  # cross_validation
+    "finished_checkpoint", "fold_command", "newest_checkpoint", "run_fold",
+    "started_folds",  # cross_validation
     "EarlyStop", "Patience", "ended_early", "with_early_stop",  # early_stop
     "eval_shard",  # evaluator
     "TrainCallbacks", "finish", "track_run_end", "train_run",  # loop

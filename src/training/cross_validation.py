@@ -94,7 +94,7 @@ def run_fold(command: list[str], what: str, log_file: str) -> None:
 
     Raises:
         FoldError: If it ends with another status than 0 (a signal N: 128 + N), naming
-            ``what`` and its ``log_file``.
+            ``what`` and its ``log_file`` (or that it ended before writing it).
         StopSignal: After passing it on.
     """
     env = dict(os.environ, PYTHON=sys.executable)  # the launch scripts start this Python
@@ -115,5 +115,18 @@ def run_fold(command: list[str], what: str, log_file: str) -> None:
     if status:
         killed = f" (killed by {signal.Signals(-status).name})" if status < 0 else ""
         status = 128 - status if status < 0 else status
-        raise FoldError(f"{what}: training ended with status {status}{killed}; its lines are "
-                        f"above and in {log_file}. Rerun the same command to resume it", status)
+        then = (f"its lines are above and in {log_file}. Rerun the same command to resume it"
+                if os.path.isfile(log_file) else
+                f"its lines are above (it ended before training, without a "
+                f"{os.path.basename(log_file)}): fix what they name and run the command again")
+        raise FoldError(f"{what}: training ended with status {status}{killed}; {then}", status)
+
+
+def started_folds(output_dir: str, held_out_file: str) -> list[str]:
+    """The fold folders of ``output_dir`` (``fold_K``) holding something trained or predicted:
+    a checkpoint in ``fold_K/train`` or the fold's ``held_out_file``; sorted."""
+    folds = os.path.join(glob.escape(output_dir), "fold_*")
+    trained = glob.glob(os.path.join(folds, "train", "*.ckpt"))
+    predicted = glob.glob(os.path.join(folds, held_out_file))
+    return sorted({os.path.dirname(os.path.dirname(path)) for path in trained}
+                  | {os.path.dirname(path) for path in predicted})
