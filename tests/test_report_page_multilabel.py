@@ -12,7 +12,13 @@ import pytest
 from src.deploy.multilabel_report import MultiLabelReport
 from src.deploy.report_page import build_report_page
 from tests.helpers import CIFAR_SAMPLE
-from tests.test_report_page import CHROMIUM, body_rows, chromium, data_uri_image, parse
+from tests.test_report_page import (
+    body_rows,
+    chromium,
+    data_uri_image,
+    parse,
+    require_chromium,
+)
 
 NAMES = ["airplane", '<b id="x">cat</b>', "ship", "truck"]
 
@@ -111,8 +117,7 @@ window.addEventListener('load', function () {
 
 
 def test_the_multilabel_page_renders_and_sorts_in_chromium(tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run does)")
+    require_chromium()
     result = made_up_result(tmp_path)
     page = tmp_path / "report.html"
     page.write_text(build_report_page(

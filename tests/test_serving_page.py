@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.helpers import run_in_process, succeeded
-from tests.test_report_page import CHROMIUM, CHROMIUM_FLAGS
+from tests.test_report_page import CHROMIUM_FLAGS, require_chromium
 from tests.test_serving import (
     ROUNDING,
     SIDE,
@@ -25,16 +25,6 @@ from tests.test_serving import (
     saved_checkpoint,
     serving,
 )
-
-
-def require_chromium():
-    """Chromium's path; skip without it, or fail when CI is set (CI installs it)."""
-    if CHROMIUM:
-        return CHROMIUM
-    reason = "no chromium on PATH (Debian: apt-get install chromium; .ci/run does)"
-    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
-        pytest.fail(f"{reason}; CI is set, so a missing browser is a failure")
-    pytest.skip(reason)
 
 
 class DevTools:
