@@ -121,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"started with ({started[0]} has a checkpoint or its predictions); "
                           f"now {'; '.join(changed)}: the folds would differ. Give those keys "
                           f"as before, or another output_dir")
-    if changed:  # nothing trained yet (a fold refused its keys): they are taken as given now
-        log.info("%s: no fold has trained yet, the training keys are taken as given now: %s",
-                 recipe_path, "; ".join(changed))
     header = TABLE_FOLDS_HEADER if given.task.multi_hot else FOLDS_HEADER
     record_folds(cfg.output_dir, folds_text(given.paths, given.label_texts, assigned,
                                             cfg.data_path, header=header),
                  folds=cfg.label_folds, seed=cfg.seed, data_path=cfg.data_path)
+    if changed:  # nothing trained yet (a fold refused its keys): they are taken as given now
+        log.info("%s: no fold has trained yet, the training keys are taken as given now: %s",
+                 recipe_path, "; ".join(changed))
     atomic_write_text(recipe_path, recipe.to_yaml())
     device.setup_device(cfg.mode, cfg.device_target, device_id=cfg.device_id, seed=cfg.seed)
 

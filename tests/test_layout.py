@@ -166,6 +166,19 @@ def test_src_env_loads_no_mindspore_and_sets_the_onednn_cap():
     assert out[0] == "[]" and out[1] == "AVX2"
 
 
+def test_a_core_module_loads_without_mindspore_the_door_on_first_use():
+    """``src.utils``'s door loads a name's module when the name is first used: importing the
+    config, CLI, files or curves modules (tools/gen_config_docs.py, tools/plot_metrics.py)
+    loads no MindSpore; taking a name of the checkpoint module through the door does."""
+    code = ("import sys; import src.utils.config, src.utils.cli, src.utils.files, "
+            "src.utils.curves; print('mindspore' in sys.modules); "
+            "from src.utils import parse_config, read_checkpoint; "
+            "print('mindspore' in sys.modules, read_checkpoint.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[:2] == ["False", "True src.utils.checkpoint"]
+
+
 @pytest.mark.parametrize("package, entry_points", [
     ("src.data", ["create_dataset", "create_transforms"]),
     ("src.models", ["create_network"]),

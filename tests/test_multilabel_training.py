@@ -15,6 +15,7 @@ from src.training.best import BestCheckpoint, stored_score
 from src.training.early_stop import Patience
 from src.training.evaluator import ScoreCollector
 from src.utils.config import ConfigError, parse_config
+from src.utils.errors import UserError
 from src.utils.multilabel_metrics import sigmoid
 from src.utils.tasks import MULTILABEL
 from tests.helpers import ROOT
@@ -171,3 +172,20 @@ def test_predict_gives_each_image_of_the_label_file_its_true_labels():
     with pytest.raises(ConfigError, match="multi-label"):
         predict.true_labels(parse_config(["--image_path", MOSAICS, "--label_file",
                                           os.path.join(MOSAICS, "val.csv")]), classes)
+
+
+@pytest.mark.parametrize("content, error, message", [
+    (b"airplane\nautomobile\nbird\ncat\ncat\ndog\nfrog\nhorse\nship\ntruck\n",
+     ConfigError, r"class_names.txt names a class more than once \(cat\)"),
+    (b"\xff\xfeairplane\n", UserError, r"class_names.txt is not UTF-8 text .*save it as UTF-8")])
+def test_a_bad_class_names_file_beside_the_label_file_is_refused_by_name(tmp_path, content,
+                                                                        error, message):
+    """class_names.txt beside a label file sets the class order; a name given twice (which
+    label is "cat"?) or a file that is not UTF-8 is one named error, not a traceback."""
+    label_file = tmp_path / "train.csv"
+    label_file.write_text(open(os.path.join(MOSAICS, "train.csv")).read())
+    (tmp_path / "class_names.txt").write_bytes(content)
+    cfg = parse_config(["--task", "multilabel", "--data_path", MOSAICS, "--label_file",
+                        str(label_file), "--class_num", "10"])
+    with pytest.raises(error, match=message):
+        recipe.label_classes(cfg)

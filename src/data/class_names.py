@@ -18,11 +18,16 @@ def read_class_names(path: str) -> list[str]:
 
     Raises:
         MissingFileError: If ``path`` does not exist.
+        ClassNamesError: If it is not UTF-8 text (names the file).
     """
     if not os.path.isfile(path):
         raise MissingFileError(f"class names file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    except UnicodeDecodeError as err:
+        raise ClassNamesError(f"class names file {path} is not UTF-8 text ({err.reason} at "
+                              f"byte {err.start}): save it as UTF-8") from err
     # A tab-separated file may start with a header row ("index  wnid  name").
     return [row[-1] for row in rows if len(row) == 1 or row[0].strip().isdigit()]
 
@@ -33,7 +38,7 @@ def write_class_names(path: str, names: list[str]) -> None:
 
 
 class ClassNamesError(UserError, ValueError):
-    """A class-names list does not have one name per class of the model."""
+    """A class-names list cannot be read, or does not have one name per class of the model."""
 
 
 def model_class_names(checkpoint_path: str, class_num: int,

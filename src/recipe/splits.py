@@ -106,11 +106,17 @@ def label_classes(cfg: Config) -> list[str]:
     sorted set of its names (``label_file_classes``).
 
     Raises:
-        ConfigError: If they are not ``class_num``. LabelFileError: An unreadable file.
+        ConfigError: If they are not ``class_num``, or ``class_names.txt`` repeats a name.
+        LabelFileError: An unreadable file. ClassNamesError: A ``class_names.txt`` that is
+            not UTF-8 text.
     """
     names_file = os.path.join(os.path.dirname(cfg.label_file), CLASS_NAMES_FILE)
     from_file = os.path.isfile(names_file)
     names = read_class_names(names_file) if from_file else label_file_classes(cfg.label_file)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"{names_file} names a class more than once ({', '.join(repeated)}): "
+                          f"a label file's classes are told apart by name; give each once")
     if len(names) != cfg.class_num:
         source = names_file if from_file else f"the names used in label_file {cfg.label_file}"
         raise ConfigError(f"{source}: {len(names)} classes but class_num is {cfg.class_num}")

@@ -1,41 +1,46 @@
 """The core below every other package: config and command line, errors, logging, files,
 device, checkpoint files, the task registry, metrics; imports no other package of ``src``.
-The names the entry points use are exported here; the library imports the modules."""
-from src.utils.calibration import check_fit_images, fit_temperature
-from src.utils.checkpoint import (
-    own_checkpoints,
-    read_checkpoint,
-    remove_stale_partials,
-    stored_config,
-)
-from src.utils.cli import run_entry_point
-from src.utils.config import Config, ConfigError, parse_config
-from src.utils.device import init_distributed
-from src.utils.errors import MissingFileError, UserError, WriteError
-from src.utils.files import FileLock, atomic_write_bytes, atomic_write_text, check_output_dir
-from src.utils.hub import is_pretrained_source
-from src.utils.logger import get_logger
-from src.utils.multilabel_metrics import tune_thresholds
-from src.utils.ood import OOD_SCORES, all_scores, threshold_for_tpr
-from src.utils.progress import Progress
-from src.utils.tasks import MULTICLASS, MULTILABEL, get_task
-from src.utils.throughput import as_tensors, synthetic_batch, throughput_report, time_calls
-from src.utils.tracking import TENSORBOARD_FOLDER, TensorBoardLog
+The names the entry points use are exported here, each loaded from its module on first use
+(PEP 562), so that importing one module of the core loads no other (nor MindSpore)."""
+import importlib
 
-__all__ = [
-    "check_fit_images", "fit_temperature",  # calibration
-    "own_checkpoints", "read_checkpoint", "remove_stale_partials", "stored_config",  # checkpoint
-    "run_entry_point",  # cli
-    "Config", "ConfigError", "parse_config",  # config
-    "init_distributed",  # device
-    "MissingFileError", "UserError", "WriteError",  # errors
-    "FileLock", "atomic_write_bytes", "atomic_write_text", "check_output_dir",  # files
-    "is_pretrained_source",  # hub
-    "get_logger",  # logger
-    "tune_thresholds",  # multilabel_metrics
-    "OOD_SCORES", "all_scores", "threshold_for_tpr",  # ood
-    "Progress",  # progress
-    "MULTICLASS", "MULTILABEL", "get_task",  # tasks
-    "as_tensors", "synthetic_batch", "throughput_report", "time_calls",  # throughput
-    "TENSORBOARD_FOLDER", "TensorBoardLog",  # tracking
-]
+_EXPORTS = {
+    "calibration": ("check_fit_images", "fit_temperature"),
+    "checkpoint": ("own_checkpoints", "read_checkpoint", "remove_stale_partials",
+                   "stored_config"),
+    "cli": ("run_entry_point",),
+    "config": ("Config", "ConfigError", "parse_config"),
+    "device": ("init_distributed",),
+    "errors": ("MissingFileError", "UserError", "WriteError"),
+    "files": ("FileLock", "atomic_write_bytes", "atomic_write_text", "check_output_dir"),
+    "hub": ("is_pretrained_source",),
+    "logger": ("get_logger",),
+    "multilabel_metrics": ("tune_thresholds",),
+    "ood": ("OOD_SCORES", "all_scores", "threshold_for_tpr"),
+    "progress": ("Progress",),
+    "tasks": ("MULTICLASS", "MULTILABEL", "get_task"),
+    "throughput": ("as_tensors", "synthetic_batch", "throughput_report", "time_calls"),
+    "tracking": ("TENSORBOARD_FOLDER", "TensorBoardLog"),
+}
+"""Module of ``src.utils`` -> the names exported from it."""
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    """A name of ``__all__``, imported from its module on first use (PEP 562).
+
+    Raises:
+        AttributeError: For any other name (``from src.utils import device`` then imports
+            the module ``src.utils.device``).
+    """
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
