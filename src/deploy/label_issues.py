@@ -167,20 +167,25 @@ def issues_csv(rows: Sequence[dict]) -> str:
     return out.getvalue()
 
 
+def _label_set(names: str, prob: dict, marked: list, kind: str, mark: tuple[str, str]) -> str:
+    """A card's label set: each of ``names`` (separated by spaces) with its probability, in a
+    span of class ``kind``, or of ``mark``'s class behind its sign when in ``marked``;
+    "none" for an empty set."""
+    return " ".join(f'<span class="{mark[0] if name in marked else kind}">'
+                    f'{mark[1] if name in marked else ""}{esc(name)} ({prob[name]:.3f})</span>'
+                    for name in names.split()) or "none"
+
+
 def issue_card(rank: int, row: dict, exif_transpose: bool, multi_hot: bool = False) -> str:
     """One likely label error: its thumbnail, given and suggested label with their
     probabilities, score, path. ``multi_hot``: the given and the suggested set, each class
     with its probability, those to remove marked - (struck through), those to add +."""
     prob = row["probabilities"]
     if multi_hot:
-        given = " ".join(f'<span class="{"removed" if name in row["removed"] else "given"}">'
-                         f'{"&minus;" if name in row["removed"] else ""}{esc(name)} '
-                         f"({prob[name]:.3f})</span>"
-                         for name in row["given_label"].split()) or "none"
-        suggested = " ".join(f'<span class="{"added" if name in row["added"] else "suggested"}">'
-                             f'{"+" if name in row["added"] else ""}{esc(name)} '
-                             f"({prob[name]:.3f})</span>"
-                             for name in row["suggested_label"].split()) or "none"
+        given = _label_set(row["given_label"], prob, row["removed"], "given",
+                           ("removed", "&minus;"))
+        suggested = _label_set(row["suggested_label"], prob, row["added"], "suggested",
+                               ("added", "+"))
         lines = (f"<div>#{rank} given {given}</div>"
                  f'<div>suggested {suggested}</div><div>score {row["score"]:.3f}</div>')
     else:
