@@ -158,6 +158,7 @@ def test_a_failed_fold_ends_the_command_with_its_status_naming_its_log(tmp_path)
                  str(tmp_path / "none" / "train.log"))
 
 
+@pytest.mark.slow
 def test_training_keys_may_change_until_a_fold_has_trained(uneven_data, tmp_path):
     """A fold that refuses its keys (a batch larger than its images) trained nothing: the
     command run again with other keys takes them (fold_train.yaml rewritten, one log line);
